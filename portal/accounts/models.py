@@ -1,0 +1,96 @@
+import hashlib
+
+from django.contrib.auth.models import AbstractUser, BaseUserManager
+from django.db import models
+from django.db.models.functions import Lower
+
+
+def normalise_email(email: str) -> str:
+    """The form of an address that identifies a person: lower-case, no +tag, no dots for Gmail.
+
+    Used only to decide whether someone already collected a one-per-person grant.
+    """
+    local, _, domain = email.strip().lower().rpartition("@")
+    local = local.split("+", 1)[0]
+    if domain in ("gmail.com", "googlemail.com"):
+        local, domain = local.replace(".", ""), "gmail.com"
+    return f"{local}@{domain}"
+
+
+def email_fingerprint(email: str) -> str:
+    """A one-way digest of the normalised address, kept after the account (and its address) is gone."""
+    return hashlib.sha256(normalise_email(email).encode()).hexdigest()
+
+
+class UserManager(BaseUserManager):
+    use_in_migrations = True
+
+    def _create_user(self, email, password, **extra_fields):
+        if not email:
+            raise ValueError("An email address is required.")
+        user = self.model(email=self.normalize_email(email).lower(), **extra_fields)
+        user.set_password(password)
+        user.save(using=self._db)
+        return user
+
+    def create_user(self, email, password=None, **extra_fields):
+        extra_fields.setdefault("is_staff", False)
+        extra_fields.setdefault("is_superuser", False)
+        return self._create_user(email, password, **extra_fields)
+
+    def create_superuser(self, email, password=None, **extra_fields):
+        extra_fields.setdefault("is_staff", True)
+        extra_fields.setdefault("is_superuser", True)
+        return self._create_user(email, password, **extra_fields)
+
+
+class User(AbstractUser):
+    """A developer or operator. The email address is the login name."""
+
+    username = None
+    email = models.EmailField("email address", max_length=254, unique=True)
+    # Set when the current address was confirmed; cleared when the address changes.
+    email_verified_at = models.DateTimeField(null=True, blank=True)
+    # An address the user asked to move to, waiting for its confirmation link.
+    pending_email = models.EmailField(blank=True, default="")
+    # Set when the user deleted their account: personal data is scrubbed, the ledger stays.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    USERNAME_FIELD = "email"
+    EMAIL_FIELD = "email"
+    REQUIRED_FIELDS: list[str] = []
+
+    objects = UserManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(Lower("email"), name="accounts_user_email_ci_unique")]
+
+    def __str__(self):
+        return self.email
+
+    def save(self, *args, **kwargs):
+        # Addresses are stored lower-case, so "Alice@X" and "alice@x" are one account.
+        self.email = (self.email or "").strip().lower()
+        super().save(*args, **kwargs)
+
+    @property
+    def email_verified(self) -> bool:
+        return self.email_verified_at is not None
+
+
+class SshKey(models.Model):
+    """An SSH public key a developer uploaded; injected into instances they launch."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=100)
+    key_type = models.CharField(max_length=40)
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [models.UniqueConstraint(fields=["user", "fingerprint"], name="accounts_sshkey_unique_per_user")]
+
+    def __str__(self):
+        return f"{self.name} ({self.fingerprint})"

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ConsoleConfig(AppConfig):
+    name = "portal.console"
+    label = "console"

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from . import views
+
+app_name = "credits"
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("bonus/", views.bonus, name="bonus"),
+]

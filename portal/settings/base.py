@@ -1,0 +1,224 @@
+"""Settings shared by every environment. Every value comes from the environment; README.md has the table."""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+env = environ.Env()
+
+# --- Core -------------------------------------------------------------------------------------
+SECRET_KEY = env("SECRET_KEY", default="insecure-dev-key-change-me")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# Public base URL used in emails (verification and reset links).
+SITE_URL = env("SITE_URL", default="http://127.0.0.1:8000").rstrip("/")
+SITE_NAME = env("SITE_NAME", default="DevCloud")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "axes",
+    "social_django",
+    "portal.accounts",
+    "portal.credits",
+    "portal.instances",
+    "portal.console",
+    "provisioning",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "portal.accounts.middleware.SocialAuthErrorMiddleware",
+    # Axes must be last: it turns lockouts raised by the auth backend into a clear response.
+    "axes.middleware.AxesMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+ASGI_APPLICATION = "portal.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "portal.accounts.context_processors.site",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------------------------
+# DATABASE_URL, e.g. postgres://devcloud@127.0.0.1:5432/devcloud. The embedded default is SQLite.
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'devcloud.sqlite3'}")}
+DATABASES["default"]["ATOMIC_REQUESTS"] = False
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=0))
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Rate-limit counters live in the database, so pages and sign-up keep working while Redis is down.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "ratelimit": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "devcloud_ratelimit_cache",
+    },
+}
+RATELIMIT_USE_CACHE = "ratelimit"
+RATELIMIT_VIEW = "portal.accounts.views.rate_limited"
+
+# --- Auth -------------------------------------------------------------------------------------
+AUTH_USER_MODEL = "accounts.User"
+AUTHENTICATION_BACKENDS = [
+    # Axes first, so a locked-out client is refused before a password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "portal.accounts.github.GithubOAuth2",
+    "django.contrib.auth.backends.ModelBackend",
+]
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "credits:dashboard"
+LOGOUT_REDIRECT_URL = "accounts:login"
+# Verification and password-reset links stop working after this many seconds (default 3 days).
+PASSWORD_RESET_TIMEOUT = env.int("TOKEN_TIMEOUT_SECONDS", default=3 * 24 * 3600)
+
+# django-axes: lock out after AXES_FAILURE_LIMIT failed logins, per client IP and per account.
+AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("LOGIN_COOLOFF_HOURS", default=0.25)
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+AXES_USERNAME_FORM_FIELD = "username"
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
+# Number of reverse proxies in front of the portal; the real client IP is read from X-Forwarded-For
+# behind that many hops, and REMOTE_ADDR is used when it is 0.
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
+AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if TRUSTED_PROXY_COUNT else ["REMOTE_ADDR"]
+# Sign-ups, resends and reset requests allowed per client IP (django-ratelimit syntax).
+SIGNUP_RATE = env("SIGNUP_RATE", default="10/h")
+EMAIL_SEND_RATE = env("EMAIL_SEND_RATE", default="5/h")
+
+# --- GitHub OAuth (social-auth-app-django) ----------------------------------------------------
+SOCIAL_AUTH_GITHUB_KEY = env("GITHUB_CLIENT_ID", default="")
+SOCIAL_AUTH_GITHUB_SECRET = env("GITHUB_CLIENT_SECRET", default="")
+SOCIAL_AUTH_GITHUB_SCOPE = ["user:email"]
+# Where GitHub lives; tests point these at a local stand-in.
+GITHUB_OAUTH_URL = env("GITHUB_OAUTH_URL", default="https://github.com").rstrip("/")
+GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com").rstrip("/")
+SOCIAL_AUTH_URL_NAMESPACE = "social"
+SOCIAL_AUTH_JSONFIELD_ENABLED = True
+SOCIAL_AUTH_LOGIN_REDIRECT_URL = "/"
+SOCIAL_AUTH_LOGIN_ERROR_URL = "/accounts/login/"
+SOCIAL_AUTH_REDIRECT_IS_HTTPS = env.bool("SECURE_SSL_REDIRECT", default=False)
+SOCIAL_AUTH_PIPELINE = [
+    "social_core.pipeline.social_auth.social_details",
+    "social_core.pipeline.social_auth.social_uid",
+    "social_core.pipeline.social_auth.auth_allowed",
+    "social_core.pipeline.social_auth.social_user",
+    "portal.accounts.github.require_verified_email",
+    "portal.accounts.github.associate_verified_email",
+    "portal.accounts.github.create_user",
+    "social_core.pipeline.social_auth.associate_user",
+    "social_core.pipeline.social_auth.load_extra_data",
+    "portal.accounts.github.after_login",
+]
+
+# --- Email ------------------------------------------------------------------------------------
+EMAIL_HOST = env("EMAIL_HOST", default="")
+EMAIL_PORT = env.int("EMAIL_PORT", default=587)
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=20)
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="DevCloud <noreply@devcloud.localhost>")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+# SMTP when EMAIL_HOST is set, otherwise the console (the email is printed by the worker).
+EMAIL_BACKEND = env(
+    "EMAIL_BACKEND",
+    default="django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend",
+)
+
+# --- Celery -----------------------------------------------------------------------------------
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = 15 * 60
+CELERY_TASK_SOFT_TIME_LIMIT = 14 * 60
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="devcloud")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A publish while Redis is down fails fast instead of hanging a web request.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_retries": 1, "socket_connect_timeout": 2}
+CELERY_BEAT_SCHEDULE = {}
+
+# --- Credits (see design.md, "Credits") -------------------------------------------------------
+# Cap on bonus GPU-hours one person can collect across every bonus program.
+BONUS_CAP_GPU_HOURS = env.int("BONUS_CAP_GPU_HOURS", default=50)
+# Seeded early-registrant grant: hours, how many accounts get it, and when it closes (ISO date, empty = open).
+SIGNUP_GRANT_GPU_HOURS = env.int("SIGNUP_GRANT_GPU_HOURS", default=25)
+SIGNUP_GRANT_MAX_ACCOUNTS = env.int("SIGNUP_GRANT_MAX_ACCOUNTS", default=10000)
+SIGNUP_GRANT_OPEN_UNTIL = env("SIGNUP_GRANT_OPEN_UNTIL", default="")
+
+# --- Static files, i18n -----------------------------------------------------------------------
+STATIC_URL = "/static/"
+STATIC_ROOT = env("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=14 * 24 * 3600)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    "loggers": {"axes": {"level": "WARNING"}},
+}

@@ -1,0 +1,10 @@
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("portal.credits.urls")),
+    path("accounts/", include("portal.accounts.urls")),
+    path("instances/", include("portal.instances.urls")),
+    path("auth/", include("social_django.urls", namespace="social")),
+    path("admin/", admin.site.urls),
+]
