@@ -1,12 +1,13 @@
 """pytest: PostgreSQL (DATABASE_URL), real Redis for the tests that start a worker, locmem email."""
 
 from .base import *  # noqa: F403
-from .base import DATABASES, env
+from .base import DATABASES, env  # noqa: F401
 
+DATABASES["default"] = env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/devcloud")
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME", default="test_devcloud")}
-EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.locmem.EmailBackend")
 # Unit tests run tasks inline; tests marked `slow` start a real worker with eager mode off.
-CELERY_TASK_ALWAYS_EAGER = True
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
 CELERY_TASK_EAGER_PROPAGATES = True
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.Argon2PasswordHasher"]
-SECRET_KEY = "test-secret-key-not-for-production-0123456789abcdefghijklmnop"
+SECRET_KEY = env("SECRET_KEY", default="test-secret-key-not-for-production-0123456789abcdefghijklmnop")

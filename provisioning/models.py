@@ -1,0 +1,76 @@
+from django.db import models
+from django.db.models import Q
+
+
+class GpuHost(models.Model):
+    """A machine with GPUs, reached through its Docker Engine API."""
+
+    class State(models.TextChoices):
+        ACTIVE = "active", "Active"
+        DRAINING = "draining", "Draining (no new placements)"
+        DOWN = "down", "Down"
+        RETIRED = "retired", "Retired"
+
+    name = models.CharField(max_length=100, unique=True)
+    # "unix:///var/run/docker.sock" or "tcp://gpu-01.example.com:2376".
+    docker_url = models.CharField(max_length=300, default="unix:///var/run/docker.sock")
+    # PEM text of the TLS client certificate, its key and the CA, for tcp:// endpoints.
+    tls_ca_cert = models.TextField(blank=True, default="")
+    tls_client_cert = models.TextField(blank=True, default="")
+    tls_client_key = models.TextField(blank=True, default="")
+    # Root under which /sys/class/kfd/... is read; "/" on a real host, a fixture tree in tests.
+    sysfs_root = models.CharField(max_length=300, default="/")
+    # Root under which /dev/kfd and /dev/dri/renderD<minor> live on the host; "/" on a real host.
+    dev_root = models.CharField(max_length=300, default="/")
+    state = models.CharField(max_length=20, choices=State.choices, default=State.ACTIVE, db_index=True)
+    # Per-GPU share of the host given to a container.
+    cpus_per_gpu = models.FloatField(default=1.0)
+    memory_mb_per_gpu = models.PositiveIntegerField(default=4096)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Gpu(models.Model):
+    """One GPU of a host, as KFD sysfs describes it."""
+
+    host = models.ForeignKey(GpuHost, on_delete=models.CASCADE, related_name="gpus")
+    node_id = models.PositiveIntegerField(help_text="KFD topology node index.")
+    gpu_id = models.PositiveBigIntegerField(help_text="KFD gpu_id.")
+    render_minor = models.PositiveIntegerField(help_text="drm_render_minor: the container gets /dev/dri/renderD<minor>.")
+    location_id = models.PositiveBigIntegerField(default=0)
+    unique_id = models.CharField(max_length=40, blank=True, default="")
+    vram_bytes = models.PositiveBigIntegerField(default=0)
+    is_present = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["host", "node_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "node_id"], name="provisioning_gpu_node_unique"),
+            models.UniqueConstraint(fields=["host", "render_minor"], name="provisioning_gpu_minor_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.host.name}/renderD{self.render_minor}"
+
+
+class GpuAllocation(models.Model):
+    """A GPU held by an instance. The partial unique constraint means a GPU has at most one live holder."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    instance = models.ForeignKey("instances.Instance", on_delete=models.PROTECT, related_name="allocations")
+    allocated_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(released_at__isnull=True), name="provisioning_gpu_one_live_holder"
+            )
+        ]
