@@ -193,6 +193,13 @@ SIGNUP_GRANT_GPU_HOURS = env.int("SIGNUP_GRANT_GPU_HOURS", default=25)
 SIGNUP_GRANT_MAX_ACCOUNTS = env.int("SIGNUP_GRANT_MAX_ACCOUNTS", default=10000)
 SIGNUP_GRANT_OPEN_UNTIL = env("SIGNUP_GRANT_OPEN_UNTIL", default="")
 
+# --- Instances (see design.md, "Instances") --------------------------------------------------
+# "docker" runs instances as containers on each host's Docker engine; "local" runs JupyterLab as a
+# subprocess with no GPU isolation (for `make run` on a machine without Docker).
+DEVCLOUD_DRIVER = env("DEVCLOUD_DRIVER", default="docker")
+# Labels every container with this id, so portals sharing a Docker engine never touch each other's.
+DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="devcloud")
+
 # --- Static files, i18n -----------------------------------------------------------------------
 STATIC_URL = "/static/"
 STATIC_ROOT = env("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))

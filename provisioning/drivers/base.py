@@ -1,0 +1,79 @@
+"""The contract every backend keeps, in the spirit of JupyterHub's Spawner.
+
+A driver is bound to one GPU host. It knows nothing about credits or the database beyond what it is
+handed: the instance (for its id, image, size, owner and token) and the GPUs it was allocated.
+"""
+
+from dataclasses import dataclass, field
+
+
+class DriverError(Exception):
+    """A backend failure. `permanent` says whether retrying can help (healthchecks' TransportError)."""
+
+    def __init__(self, message: str, *, permanent: bool):
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+@dataclass
+class PollResult:
+    """What a backend sees of an instance right now."""
+
+    # "running", "exited" or "missing" (never started, or removed).
+    status: str
+    exit_code: int | None = None
+    detail: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+@dataclass
+class StartResult:
+    """What `start` returns: where JupyterLab answers, and the driver's own state to keep."""
+
+    # Base URL of JupyterLab as the portal reaches it, e.g. "http://127.0.0.1:49153".
+    endpoint: str
+    state: dict = field(default_factory=dict)
+
+
+class Driver:
+    """One backend on one host.
+
+    start(instance, gpus) -> StartResult
+        Creates and starts the instance's container (or process) with exactly `gpus`, and returns once
+        it is started (not necessarily answering). Idempotent: the container name derives from the
+        instance id, so a retry finds the existing one and returns its endpoint instead of making a
+        second. Raises DriverError(permanent=True) for a bad image or a device that does not exist,
+        DriverError(permanent=False) when the engine cannot be reached.
+    stop(instance) -> None
+        Stops and removes the container, keeping the workspace volume. Returns only once it is gone.
+        "Already gone" is success. Idempotent.
+    poll(instance) -> PollResult
+        Safe before start and after stop ("missing"). Never raises for a missing container; raises
+        DriverError(permanent=False) only when the engine cannot be reached.
+    managed_instance_ids() -> set[str]
+        Instance ids (from labels) of every container this portal manages on the host, running or not;
+        the reconciler compares them with the database.
+    """
+
+    name = "base"
+    # Whether containers see only their own GPUs. The local driver cannot promise that.
+    isolates_gpus = True
+
+    def __init__(self, host):
+        self.host = host
+
+    def start(self, instance, gpus) -> StartResult:
+        raise NotImplementedError
+
+    def stop(self, instance) -> None:
+        raise NotImplementedError
+
+    def poll(self, instance) -> PollResult:
+        raise NotImplementedError
+
+    def managed_instance_ids(self) -> set[str]:
+        raise NotImplementedError
