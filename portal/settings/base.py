@@ -183,7 +183,6 @@ CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="devcloud")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A publish while Redis is down fails fast instead of hanging a web request.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_retries": 1, "socket_connect_timeout": 2}
-CELERY_BEAT_SCHEDULE = {}
 
 # --- Credits (see design.md, "Credits") -------------------------------------------------------
 # Cap on bonus GPU-hours one person can collect across every bonus program.
@@ -199,6 +198,16 @@ SIGNUP_GRANT_OPEN_UNTIL = env("SIGNUP_GRANT_OPEN_UNTIL", default="")
 DEVCLOUD_DRIVER = env("DEVCLOUD_DRIVER", default="docker")
 # Labels every container with this id, so portals sharing a Docker engine never touch each other's.
 DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="devcloud")
+# A launch needs at least this many minutes of credit at its size, after what the user's other live
+# instances will burn in the same window.
+LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
+# How long provisioning waits for JupyterLab to answer /api/status before failing the launch.
+READY_TIMEOUT_SECONDS = env.int("READY_TIMEOUT_SECONDS", default=180)
+# How often beat charges running instances and compares the database with each host.
+METER_TICK_SECONDS = env.int("METER_TICK_SECONDS", default=60)
+RECONCILE_SECONDS = env.int("RECONCILE_SECONDS", default=60)
+# An instance stuck in provisioning or stopping longer than this is repaired by the reconciler.
+STUCK_TRANSITION_SECONDS = env.int("STUCK_TRANSITION_SECONDS", default=600)
 
 # --- Static files, i18n -----------------------------------------------------------------------
 STATIC_URL = "/static/"
@@ -228,4 +237,10 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {"axes": {"level": "WARNING"}},
+}
+
+CELERY_BEAT_SCHEDULE = {
+    "meter-tick": {"task": "provisioning.meter_tick", "schedule": float(METER_TICK_SECONDS)},
+    "reconcile": {"task": "provisioning.reconcile", "schedule": float(RECONCILE_SECONDS)},
+    "start-queued": {"task": "provisioning.start_queued", "schedule": float(METER_TICK_SECONDS)},
 }
