@@ -206,6 +206,9 @@ READY_TIMEOUT_SECONDS = env.int("READY_TIMEOUT_SECONDS", default=180)
 # How often beat charges running instances and compares the database with each host.
 METER_TICK_SECONDS = env.int("METER_TICK_SECONDS", default=60)
 RECONCILE_SECONDS = env.int("RECONCILE_SECONDS", default=60)
+# How long the oldest queued 8x launch may wait before 1x launches queued behind it are held back,
+# so busy hosts can drain for it.
+SCHEDULER_8X_MAX_WAIT_SECONDS = env.int("SCHEDULER_8X_MAX_WAIT_SECONDS", default=600)
 # An instance stuck in provisioning or stopping longer than this is repaired by the reconciler.
 STUCK_TRANSITION_SECONDS = env.int("STUCK_TRANSITION_SECONDS", default=600)
 

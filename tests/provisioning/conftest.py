@@ -1,0 +1,246 @@
+"""Provisioning fixtures: KFD sysfs trees and a stand-in /dev (kfd_*), hosts, launches and engines (host_*).
+
+Other helpers add fixtures here too; keep to the kfd_/host_ prefixes for these.
+"""
+
+import datetime
+import grp
+import ipaddress
+import json
+import os
+import ssl
+import stat
+import subprocess
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from portal.instances.models import Image, Instance
+from provisioning.inventory import read_inventory
+from provisioning.models import Gpu, GpuHost
+
+KFD_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kfd"
+# The render minors of both fixture hosts, as MI300X numbers them.
+MI300X_RENDER_MINORS = [128, 136, 144, 152, 160, 168, 176, 184]
+# Character device numbers of /dev/null: a container can open the stand-in nodes, and nothing happens.
+NULL_DEVICE = os.makedev(1, 3)
+
+
+@pytest.fixture
+def kfd_sysfs_8gpu() -> Path:
+    """sysfs root of an 8x MI300X host with one CPU node (GPU nodes 1-8)."""
+    return KFD_FIXTURES / "mi300x-8gpu"
+
+
+@pytest.fixture
+def kfd_sysfs_2socket() -> Path:
+    """sysfs root of a 2-socket 8x MI300X host (CPU nodes 0-1, GPU nodes 2-9)."""
+    return KFD_FIXTURES / "mi300x-2socket"
+
+
+def render_group_gid(name: str = "render") -> int:
+    """gid of the `render` group, created if missing; falls back to `video` if it cannot be created."""
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        pass
+    created = subprocess.run(["groupadd", "--system", name], capture_output=True)
+    if created.returncode == 0:
+        return grp.getgrnam(name).gr_gid
+    return grp.getgrnam("video").gr_gid
+
+
+@dataclass(frozen=True)
+class KfdDevRoot:
+    """A stand-in for a GPU host's /dev: `path` is the dev_root (it contains dev/kfd and dev/dri/)."""
+
+    path: Path
+    render_minors: list[int]
+    gid: int
+
+    def render_node(self, minor: int) -> Path:
+        return self.path / "dev" / "dri" / f"renderD{minor}"
+
+    @property
+    def kfd(self) -> Path:
+        return self.path / "dev" / "kfd"
+
+
+def make_kfd_dev_root(root: Path, render_minors, *, gid: int | None = None) -> KfdDevRoot:
+    """Create root/dev/kfd and root/dev/dri/renderD<minor> as character devices (1, 3), group-owned, 0660.
+
+    Needs root (mknod). Returns the KfdDevRoot.
+    """
+    gid = render_group_gid() if gid is None else gid
+    dri = root / "dev" / "dri"
+    dri.mkdir(parents=True, exist_ok=True)
+    nodes = [root / "dev" / "kfd"] + [dri / f"renderD{minor}" for minor in render_minors]
+    for node in nodes:
+        if not node.exists():
+            os.mknod(node, stat.S_IFCHR | 0o660, NULL_DEVICE)
+        os.chown(node, 0, gid)
+        os.chmod(node, 0o660)
+    return KfdDevRoot(path=root, render_minors=list(render_minors), gid=gid)
+
+
+@pytest.fixture
+def kfd_dev_root(tmp_path, kfd_sysfs_8gpu) -> KfdDevRoot:
+    """A stand-in /dev for the 8x MI300X fixture host: dev/kfd plus one renderD<minor> per GPU."""
+    if os.geteuid() != 0:
+        pytest.skip("creating device nodes (mknod) needs root")
+    minors = [gpu.drm_render_minor for gpu in read_inventory(kfd_sysfs_8gpu)]
+    return make_kfd_dev_root(tmp_path / "host-dev", minors)
+
+
+@pytest.fixture
+def host_make(db):
+    """Factory: host_make("gpu-01", gpus=8, state=ACTIVE) makes a host with GPU rows (no sysfs needed)."""
+
+    def make(name, *, gpus=8, state=GpuHost.State.ACTIVE, docker_url="unix:///var/run/docker.sock"):
+        host = GpuHost.objects.create(name=name, state=state, docker_url=docker_url)
+        Gpu.objects.bulk_create(
+            [
+                Gpu(
+                    host=host,
+                    node_id=index + 1,
+                    gpu_id=20000 + index,
+                    render_minor=128 + 8 * index,
+                    location_id=(0x05 + 0x20 * index) << 8,
+                    vram_bytes=206141652992,
+                )
+                for index in range(gpus)
+            ]
+        )
+        return host
+
+    return make
+
+
+@pytest.fixture
+def host_image(db) -> Image:
+    """An enabled image every size may launch."""
+    image, _ = Image.objects.get_or_create(
+        key="cpu-sched",
+        defaults={
+            "name": "CPU JupyterLab",
+            "sizes": ["1x", "8x"],
+            "reference": "devcloud/cpu:test",
+            "needs_gpu": False,
+        },
+    )
+    return image
+
+
+@pytest.fixture
+def host_queued_instance(host_image):
+    """Factory: host_queued_instance(user, size="1x") makes a QUEUED instance, as a launch leaves it."""
+
+    def make(user, size="1x"):
+        return Instance.objects.create(user=user, size=size, image=host_image, state=Instance.State.QUEUED)
+
+    return make
+
+
+# --- A Docker engine behind mutual TLS, on loopback ---------------------------------------------------
+
+
+def pem(cert):
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def key_pem(key):
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+
+
+def issue_certificate(subject, issuer_name, issuer_key, *, ca=False, ip=None, client=False):
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ip:
+        names = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))])
+        builder = builder.add_extension(names, critical=False)
+    if client:
+        usage = x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH])
+        builder = builder.add_extension(usage, critical=False)
+    cert = builder.sign(issuer_key or key, hashes.SHA256())
+    return cert, key
+
+
+@pytest.fixture
+def host_tls_engine(tmp_path):
+    """A stand-in Docker engine on 127.0.0.1 that speaks HTTPS and demands a client certificate from our CA.
+
+    It answers /version and /_ping the way dockerd does; that is all engine_ping asks. Yields a dict with
+    the URL and the PEM texts an operator would paste into the admin.
+    """
+    ca_cert, ca_key = issue_certificate("devcloud test CA", None, None, ca=True)
+    server_cert, server_key = issue_certificate("engine", ca_cert.subject, ca_key, ip="127.0.0.1")
+    client_cert, client_key = issue_certificate("portal", ca_cert.subject, ca_key, client=True)
+    (tmp_path / "ca.pem").write_text(pem(ca_cert))
+    (tmp_path / "server.pem").write_text(pem(server_cert))
+    (tmp_path / "server-key.pem").write_text(key_pem(server_key))
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.endswith("/_ping"):
+                body, kind = b"OK", "text/plain"
+            elif self.path.endswith("/version"):
+                version = {"Version": "20.10.24-standin", "ApiVersion": "1.41", "Os": "linux"}
+                body = json.dumps(version).encode()
+                kind = "application/json"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "server.pem", tmp_path / "server-key.pem")
+    context.load_verify_locations(tmp_path / "ca.pem")
+    context.verify_mode = ssl.CERT_REQUIRED
+
+    class TlsServer(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def get_request(self):
+            sock, address = super().get_request()
+            return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+        def handle_error(self, request, client_address):
+            pass  # a refused handshake is what some tests want
+
+    server = TlsServer(("127.0.0.1", 0), Engine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield {
+        "docker_url": f"tcp://127.0.0.1:{server.server_address[1]}",
+        "tls_ca_cert": pem(ca_cert),
+        "tls_client_cert": pem(client_cert),
+        "tls_client_key": key_pem(client_key),
+    }
+    server.shutdown()
+    server.server_close()
