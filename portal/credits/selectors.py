@@ -1,10 +1,16 @@
-"""Reads for credit pages."""
+"""Reads for credit pages and the console. Nothing here writes."""
 
-from .models import BonusApplication, BonusProgram, LedgerEntry
-from .services import account_for
+from dataclasses import dataclass
+
+from django.db.models import Count
+
+from portal.instances.sizes import SIZES, Size
+
+from .models import BonusApplication, BonusProgram, CreditAccount, LedgerEntry, SignupGrantProgram
 
 
 def ledger_for(user, limit: int = 50):
+    """The user's latest ledger entries, newest first."""
     return LedgerEntry.objects.filter(account__user=user).order_by("-created_at", "-id")[:limit]
 
 
@@ -16,5 +22,44 @@ def open_programs():
     return BonusProgram.objects.filter(is_active=True)
 
 
+def account_of(user) -> CreditAccount | None:
+    """The user's credit account, or None before their first ledger entry."""
+    return CreditAccount.objects.filter(user=user).first()
+
+
 def balance_for(user) -> int:
-    return account_for(user).balance_gpu_seconds
+    """Balance in GPU-seconds; 0 for someone who never had an entry."""
+    account = account_of(user)
+    return account.balance_gpu_seconds if account else 0
+
+
+def current_signup_program() -> SignupGrantProgram | None:
+    return SignupGrantProgram.objects.filter(is_active=True).order_by("-id").first()
+
+
+def application_counts_for(user) -> dict[str, int]:
+    """{"pending": n, "approved": n, "rejected": n} for the user's bonus applications."""
+    counts = dict.fromkeys(BonusApplication.Status.values, 0)
+    rows = BonusApplication.objects.filter(user=user).values("status").annotate(n=Count("id"))
+    for row in rows:
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+@dataclass(frozen=True)
+class SizeOffer:
+    size: Size
+    # Wall-clock seconds the balance lasts at this size (balance / GPUs); 0 when empty or negative.
+    runway_seconds: int
+
+    @property
+    def runway(self) -> str:
+        """e.g. '3 h 07 min'; '0 min' when the balance cannot pay for a minute."""
+        minutes = self.runway_seconds // 60
+        if minutes < 60:
+            return f"{minutes} min"
+        return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def size_offers(balance_gpu_seconds: int) -> list[SizeOffer]:
+    return [SizeOffer(size, max(balance_gpu_seconds, 0) // size.gpus) for size in SIZES.values()]

@@ -1,12 +1,66 @@
+"""The developer's credit pages. Every read is scoped to request.user; no page takes another user's id."""
+
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.core.exceptions import ValidationError
+from django.shortcuts import redirect, render
+
+from . import selectors, services
+from .forms import BonusApplyForm
+from .models import hours
 
 
 @login_required
 def dashboard(request):
-    return render(request, "credits/dashboard.html")
+    balance = selectors.balance_for(request.user)
+    program = selectors.current_signup_program()
+    return render(
+        request,
+        "credits/dashboard.html",
+        {
+            "balance_gpu_seconds": balance,
+            "balance_hours": hours(balance),
+            "entries": selectors.ledger_for(request.user),
+            "offers": selectors.size_offers(balance),
+            "application_counts": selectors.application_counts_for(request.user),
+            "signup_grant_hours": hours(program.gpu_seconds) if program else None,
+        },
+    )
 
 
 @login_required
 def bonus(request):
-    return render(request, "credits/bonus.html")
+    programs = selectors.open_programs()
+    if request.method == "POST":
+        form = BonusApplyForm(request.POST, programs=programs)
+        if form.is_valid():
+            program = form.cleaned_data["program"]
+            try:
+                services.bonus_apply(
+                    user=request.user, program=program, evidence=form.cleaned_data["evidence"]
+                )
+            except ValidationError as error:
+                # The service's message is written for the applicant; the form keeps what they typed.
+                form.add_error(None, error)
+            else:
+                messages.success(request, f"Your application for {program.name} was sent for review.")
+                return redirect("credits:bonus")
+
+    applications = list(selectors.applications_for(request.user))
+    live = {a.program_id: a for a in applications if a.status != a.Status.REJECTED}
+    if request.method != "POST":
+        # Preselect a program the user has not applied to yet.
+        first_open = next((program for program in programs if program.pk not in live), None)
+        form = BonusApplyForm(programs=programs, initial={"program": first_open})
+    return render(
+        request,
+        "credits/bonus.html",
+        {
+            "form": form,
+            "programs": [(program, live.get(program.pk)) for program in programs],
+            "applications": applications,
+            "can_apply": request.user.email_verified,
+            "bonus_cap_hours": settings.BONUS_CAP_GPU_HOURS,
+        },
+    )

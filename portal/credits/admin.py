@@ -1,0 +1,462 @@
+"""Operator console for credits: accounts and adjustments, the read-only ledger, bonus review, programs.
+
+Nothing here writes credits directly: every change goes through services, which record the operator
+on the entry or decision; the console also writes Django's admin LogEntry for each action.
+"""
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count, Q
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from portal.accounts.models import User
+
+from . import selectors, services
+from .forms import (
+    BonusApproveForm,
+    BonusProgramForm,
+    BonusRejectForm,
+    CreditAdjustForm,
+    SignupGrantProgramForm,
+    hours_to_gpu_seconds,
+)
+from .models import BonusApplication, BonusProgram, CreditAccount, LedgerEntry, SignupGrantProgram, hours
+
+# How many entries a change page shows before linking to the full ledger.
+LEDGER_PREVIEW_ROWS = 50
+
+
+def signed_hours(gpu_seconds: int) -> str:
+    return f"+{hours(gpu_seconds)}" if gpu_seconds > 0 else hours(gpu_seconds)
+
+
+def ledger_table(user) -> str:
+    """The user's latest ledger entries as a read-only HTML table, with a link to all of them."""
+    entries = list(selectors.ledger_for(user, limit=LEDGER_PREVIEW_ROWS))
+    if not entries:
+        return "No entries yet."
+    rows = format_html_join(
+        "",
+        '<tr><td>{}</td><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>',
+        (
+            (
+                entry.created_at.strftime("%Y-%m-%d %H:%M"),
+                entry.get_kind_display(),
+                entry.reason,
+                signed_hours(entry.gpu_seconds),
+                entry.balance_after_hours,
+                entry.actor_name or "system",
+            )
+            for entry in entries
+        ),
+    )
+    full_ledger = (
+        reverse("admin:credits_ledgerentry_changelist") + f"?account__id__exact={entries[0].account_id}"
+    )
+    return format_html(
+        '<table data-testid="ledger"><thead><tr><th>Date</th><th>Kind</th><th>Reason</th><th>GPU-hours</th>'
+        "<th>Balance after</th><th>By</th></tr></thead><tbody>{}</tbody></table>"
+        '<p><a href="{}">All ledger entries</a></p>',
+        rows,
+        full_ledger,
+    )
+
+
+def adjust_url(user) -> str:
+    return reverse("admin:credits_creditaccount_adjust", args=[user.pk])
+
+
+@admin.register(CreditAccount)
+class CreditAccountAdmin(admin.ModelAdmin):
+    """Balances are read-only here: they change only through ledger entries (the adjust view)."""
+
+    list_display = ("user", "balance", "bonus", "updated_at")
+    list_select_related = ("user",)
+    search_fields = ("user__email",)
+    ordering = ("user__email",)
+    fields = ("user", "balance", "bonus", "updated_at", "adjust_link", "recent_entries")
+    readonly_fields = fields
+
+    @admin.display(description="Balance (GPU-hours)", ordering="balance_gpu_seconds")
+    def balance(self, account):
+        return account.balance_hours
+
+    @admin.display(description="Bonus collected (GPU-hours)", ordering="bonus_gpu_seconds")
+    def bonus(self, account):
+        return hours(account.bonus_gpu_seconds)
+
+    @admin.display(description="Adjust")
+    def adjust_link(self, account):
+        return format_html(
+            '<a class="button" href="{}">Grant or correct credits</a>', adjust_url(account.user)
+        )
+
+    @admin.display(description="Ledger")
+    def recent_entries(self, account):
+        return ledger_table(account.user)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_urls(self):
+        # Before the default URLs, whose "<path:object_id>/" would swallow "adjust/<id>/".
+        return [
+            path(
+                "adjust/<int:user_id>/",
+                self.admin_site.admin_view(self.adjust_view),
+                name="credits_creditaccount_adjust",
+            )
+        ] + super().get_urls()
+
+    def adjust_view(self, request, user_id):
+        """Grant (positive) or correct (negative) a user's credits, with a reason, via credits_adjust."""
+        if not request.user.has_perm("credits.change_creditaccount"):
+            raise PermissionDenied
+        target = get_object_or_404(User, pk=user_id)
+        if request.method == "POST":
+            form = CreditAdjustForm(request.POST)
+            if form.is_valid():
+                gpu_seconds = hours_to_gpu_seconds(form.cleaned_data["hours"])
+                reason = form.cleaned_data["reason"]
+                # The key is scoped to the user, so a key copied onto another user's form cannot
+                # return (and report) someone else's entry.
+                key = f"adjust:{target.pk}:{form.cleaned_data['idempotency_key']}"
+                already_posted = LedgerEntry.objects.filter(idempotency_key=key).exists()
+                try:
+                    entry = services.credits_adjust(
+                        user=target,
+                        gpu_seconds=gpu_seconds,
+                        reason=reason,
+                        actor=request.user,
+                        idempotency_key=key,
+                    )
+                except ValidationError as error:
+                    form.add_error(None, error)
+                else:
+                    if already_posted:
+                        messages.warning(
+                            request,
+                            f"This adjustment was already posted (the form was submitted twice); nothing more "
+                            f"changed. Balance of {target.email}: {hours(selectors.balance_for(target))} GPU-hours.",
+                        )
+                    else:
+                        self.log_change(
+                            request, target, f"Credits {signed_hours(entry.gpu_seconds)} GPU-hours: {reason}"
+                        )
+                        messages.success(
+                            request,
+                            f"{signed_hours(entry.gpu_seconds)} GPU-hours for {target.email}. "
+                            f"New balance: {entry.balance_after_hours} GPU-hours.",
+                        )
+                    return redirect("admin:accounts_user_change", target.pk)
+        else:
+            form = CreditAdjustForm()
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Grant or correct credits: {target.email}",
+            "form": form,
+            "target": target,
+            "balance_hours": hours(selectors.balance_for(target)),
+            "user_url": reverse("admin:accounts_user_change", args=[target.pk]),
+        }
+        return TemplateResponse(request, "admin/credits/adjust_credits.html", context)
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin):
+    """The ledger is append-only (the database refuses changes), so the console only reads it."""
+
+    list_display = (
+        "created_at",
+        "user_email",
+        "kind",
+        "gpu_hours",
+        "balance_after_display",
+        "reason",
+        "actor_name",
+    )
+    list_filter = ("kind",)
+    search_fields = ("account__user__email",)
+    list_select_related = ("account__user",)
+    date_hierarchy = "created_at"
+    fields = (
+        "user_email",
+        "kind",
+        "gpu_hours",
+        "balance_after_display",
+        "reason",
+        "actor_name",
+        "idempotency_key",
+        "created_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="User", ordering="account__user__email")
+    def user_email(self, entry):
+        return entry.account.user.email
+
+    @admin.display(description="GPU-hours", ordering="gpu_seconds")
+    def gpu_hours(self, entry):
+        return signed_hours(entry.gpu_seconds)
+
+    @admin.display(description="Balance after (GPU-hours)")
+    def balance_after_display(self, entry):
+        return entry.balance_after_hours
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(BonusApplication)
+class BonusApplicationAdmin(admin.ModelAdmin):
+    """Pending applications open as a review page (approve or reject); decided ones are read-only."""
+
+    list_display = (
+        "applicant",
+        "program",
+        "status",
+        "evidence_link",
+        "created_at",
+        "granted",
+        "decided_by_name",
+    )
+    list_filter = ("status", "program")
+    search_fields = ("user__email", "evidence")
+    list_select_related = ("user", "program")
+    actions = ["approve_full"]
+    fields = (
+        "user",
+        "program",
+        "evidence_link",
+        "status",
+        "created_at",
+        "decided_at",
+        "decided_by_name",
+        "decision_reason",
+        "requested",
+        "granted",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="Applicant", ordering="user__email")
+    def applicant(self, application):
+        return application.user.email
+
+    @admin.display(description="Evidence")
+    def evidence_link(self, application):
+        # Only http(s) is ever a link: evidence is user input and the operator clicks it.
+        if application.evidence.lower().startswith(("http://", "https://")):
+            return format_html(
+                '<a href="{}" rel="noopener noreferrer" target="_blank">{}</a>',
+                application.evidence,
+                application.evidence,
+            )
+        return application.evidence
+
+    @admin.display(description="Requested (GPU-hours)")
+    def requested(self, application):
+        if application.requested_gpu_seconds is None:
+            return "–"
+        return hours(application.requested_gpu_seconds)
+
+    @admin.display(description="Granted (GPU-hours)", ordering="granted_gpu_seconds")
+    def granted(self, application):
+        if application.status != BonusApplication.Status.APPROVED:
+            return "–"
+        return application.granted_hours
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        # A decision is final: decided applications are shown read-only.
+        if obj is not None and obj.status != BonusApplication.Status.PENDING:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        application = self.get_object(request, unquote(object_id))
+        if (
+            application is not None
+            and application.status == BonusApplication.Status.PENDING
+            and self.has_change_permission(request, application)
+        ):
+            return self.review_view(request, application)
+        if (
+            application is not None
+            and request.method == "POST"
+            and ("_approve" in request.POST or "_reject" in request.POST)
+        ):
+            # A second click, or another operator was faster: say who decided instead of a bare 403.
+            messages.error(
+                request,
+                f"This application was already {application.get_status_display().lower()} by "
+                f"{application.decided_by_name}; nothing changed.",
+            )
+            return redirect("admin:credits_bonusapplication_change", application.pk)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def review_view(self, request, application):
+        approve_form = BonusApproveForm(prefix="approve", program=application.program)
+        reject_form = BonusRejectForm(prefix="reject")
+        if request.method == "POST" and "_approve" in request.POST:
+            approve_form = BonusApproveForm(request.POST, prefix="approve", program=application.program)
+            if approve_form.is_valid():
+                return self._decide(
+                    request,
+                    application,
+                    approve_gpu_seconds=hours_to_gpu_seconds(approve_form.cleaned_data["hours"]),
+                    reason=approve_form.cleaned_data["note"],
+                )
+        elif request.method == "POST" and "_reject" in request.POST:
+            reject_form = BonusRejectForm(request.POST, prefix="reject")
+            if reject_form.is_valid():
+                return self._decide(request, application, reason=reject_form.cleaned_data["reason"])
+
+        account = selectors.account_of(application.user)
+        bonus_so_far = account.bonus_gpu_seconds if account else 0
+        room = max(services.bonus_cap_gpu_seconds() - bonus_so_far, 0)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Review application from {application.user.email}",
+            "application": application,
+            "original": application,
+            "evidence": self.evidence_link(application),
+            "approve_form": approve_form,
+            "reject_form": reject_form,
+            "bonus_so_far_hours": hours(bonus_so_far),
+            "room_hours": hours(room),
+            "cap_hours": settings.BONUS_CAP_GPU_HOURS,
+            "other_applications": BonusApplication.objects.filter(user=application.user)
+            .exclude(pk=application.pk)
+            .select_related("program"),
+            "user_url": reverse("admin:accounts_user_change", args=[application.user_id]),
+        }
+        return TemplateResponse(request, "admin/credits/bonusapplication/review.html", context)
+
+    def _decide(self, request, application, *, reason, approve_gpu_seconds=None):
+        """Approve (when approve_gpu_seconds is given) or reject, report the outcome, go back to the list."""
+        try:
+            if approve_gpu_seconds is not None:
+                decided = services.bonus_approve(
+                    application_id=application.pk,
+                    actor=request.user,
+                    gpu_seconds=approve_gpu_seconds,
+                    reason=reason,
+                )
+            else:
+                decided = services.bonus_reject(
+                    application_id=application.pk, actor=request.user, reason=reason
+                )
+        except ValidationError as error:
+            # Typically another operator decided it first; the page now shows their decision.
+            messages.error(request, " ".join(error.messages))
+            return redirect("admin:credits_bonusapplication_change", application.pk)
+        self._report(request, decided)
+        return redirect("admin:credits_bonusapplication_changelist")
+
+    def _report(self, request, application):
+        """Log the decision and tell the operator what happened, including a clamp by the bonus cap."""
+        who = application.user.email
+        if application.status == BonusApplication.Status.REJECTED:
+            self.log_change(request, application, f"Rejected: {application.decision_reason}")
+            messages.success(request, f"Rejected the {application.program.name} application from {who}.")
+            return
+        requested, granted = hours(application.requested_gpu_seconds), application.granted_hours
+        self.log_change(request, application, f"Approved: requested {requested}, granted {granted} GPU-hours")
+        if application.clamped:
+            messages.warning(
+                request,
+                f"{who}: requested {requested} GPU-hours, granted {granted} because of the "
+                f"{settings.BONUS_CAP_GPU_HOURS} GPU-hour per-person bonus cap.",
+            )
+        else:
+            messages.success(
+                request, f"Approved {granted} GPU-hours of {application.program.name} for {who}."
+            )
+
+    @admin.action(description="Approve selected (full hours)", permissions=["change"])
+    def approve_full(self, request, queryset):
+        skipped = 0
+        for application_id in queryset.order_by("created_at").values_list("pk", flat=True):
+            try:
+                decided = services.bonus_approve(application_id=application_id, actor=request.user)
+            except ValidationError:
+                skipped += 1
+                continue
+            self._report(request, decided)
+        if skipped:
+            messages.warning(request, f"Skipped {skipped} application(s) that were already decided.")
+
+
+class _ProgramAdmin(admin.ModelAdmin):
+    """Programs are switched off, not deleted: grants and applications point at them."""
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(SignupGrantProgram)
+class SignupGrantProgramAdmin(_ProgramAdmin):
+    form = SignupGrantProgramForm
+    list_display = ("name", "grant_hours", "max_accounts", "granted_count", "open_until", "is_active")
+    list_filter = ("is_active",)
+    fields = ("name", "hours", "max_accounts", "open_until", "is_active", "granted_count")
+    readonly_fields = ("granted_count",)
+
+    @admin.display(description="GPU-hours per account", ordering="gpu_seconds")
+    def grant_hours(self, program):
+        return hours(program.gpu_seconds)
+
+
+@admin.register(BonusProgram)
+class BonusProgramAdmin(_ProgramAdmin):
+    form = BonusProgramForm
+    list_display = ("name", "slug", "maximum_hours", "pending", "is_active")
+    list_filter = ("is_active",)
+    search_fields = ("name", "slug")
+    fields = ("name", "slug", "description", "evidence_label", "hours", "is_active")
+    prepopulated_fields = {"slug": ("name",)}
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(pending_count=Count("applications", filter=Q(applications__status="pending")))
+        )
+
+    @admin.display(description="Maximum GPU-hours", ordering="max_gpu_seconds")
+    def maximum_hours(self, program):
+        return program.max_hours
+
+    @admin.display(description="Pending applications", ordering="pending_count")
+    def pending(self, program):
+        if not program.pending_count:
+            return 0
+        url = (
+            reverse("admin:credits_bonusapplication_changelist")
+            + f"?program__id__exact={program.pk}&status__exact=pending"
+        )
+        return format_html('<a href="{}">{}</a>', url, program.pending_count)

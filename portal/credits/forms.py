@@ -1,0 +1,202 @@
+"""Forms for the credit pages and the operator console. Hours are entered, GPU-seconds are stored."""
+
+import re
+import uuid
+from decimal import ROUND_HALF_UP, Decimal
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
+
+from .models import GPU_SECONDS_PER_HOUR, BonusProgram, SignupGrantProgram
+
+EVIDENCE_MAX_LENGTH = 500
+# Generous ceiling for one operator entry; a typo of a few extra digits should be refused, not posted.
+MAX_HOURS_PER_ENTRY = Decimal("100000")
+
+# Something with a scheme ("ftp://", "javascript:") or starting like a web address is treated as a
+# link and must be http(s); anything else (e.g. "ROCM-STAR-2024-0042") is a certificate ID.
+_LOOKS_LIKE_URL = re.compile(
+    r"^([a-z][a-z0-9+.\-]*://|(javascript|data|file|vbscript|mailto):|www\.)", re.IGNORECASE
+)
+
+
+def hours_to_gpu_seconds(hours: Decimal) -> int:
+    """Whole GPU-seconds for a number of GPU-hours, rounded half up (0.01 h = 36 s, so no loss)."""
+    return int((hours * GPU_SECONDS_PER_HOUR).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def gpu_seconds_to_hours(gpu_seconds: int) -> Decimal:
+    return (Decimal(gpu_seconds) / GPU_SECONDS_PER_HOUR).quantize(Decimal("0.01"))
+
+
+class HoursField(forms.DecimalField):
+    """GPU-hours with at most two decimals; `cleaned_data` holds the Decimal, `to_gpu_seconds` converts."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_digits", 9)
+        kwargs.setdefault("decimal_places", 2)
+        kwargs.setdefault("max_value", MAX_HOURS_PER_ENTRY)
+        super().__init__(**kwargs)
+        self.error_messages = {
+            **self.error_messages,
+            "invalid": "Enter the hours as a number, for example 5 or 2.5.",
+            "required": "Enter a number of GPU-hours.",
+            "max_decimal_places": "Use at most two decimals (0.01 GPU-hour is 36 GPU-seconds).",
+        }
+
+
+def validate_evidence(value: str) -> None:
+    """Refuse links that are not http(s): the operator opens them from the console."""
+    if not _LOOKS_LIKE_URL.match(value):
+        return
+    if not value.lower().startswith(("http://", "https://")):
+        raise ValidationError("A link must start with https:// or http://.", code="scheme")
+    try:
+        URLValidator(schemes=["http", "https"])(value)
+    except ValidationError:
+        raise ValidationError("That link is not a valid web address.", code="invalid_url") from None
+
+
+class BonusApplyForm(forms.Form):
+    program = forms.ModelChoiceField(
+        queryset=BonusProgram.objects.none(),
+        empty_label=None,
+        error_messages={"invalid_choice": "That program is not taking applications right now."},
+    )
+    evidence = forms.CharField(
+        label="Certificate ID or URL",
+        max_length=EVIDENCE_MAX_LENGTH,
+        validators=[validate_evidence],
+        error_messages={
+            "required": "Enter your certificate ID or the link to your certificate.",
+            "max_length": "Keep it to %(limit_value)d characters or fewer (it has %(show_value)d).",
+        },
+        widget=forms.TextInput(
+            attrs={"placeholder": "e.g. ROCM-STAR-2024-0042 or https://…", "autocomplete": "off"}
+        ),
+    )
+
+    def __init__(self, *args, programs, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["program"].queryset = programs
+
+
+class CreditAdjustForm(forms.Form):
+    """An operator's grant or correction. The hidden key makes a double-submitted form post once."""
+
+    hours = HoursField(
+        label="GPU-hours",
+        min_value=-MAX_HOURS_PER_ENTRY,
+        help_text="Positive adds credit, negative corrects it downwards (e.g. -2.5).",
+    )
+    reason = forms.CharField(
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Recorded in the ledger and shown to the developer.",
+        error_messages={"required": "Give a reason; it is recorded in the ledger."},
+    )
+    idempotency_key = forms.UUIDField(
+        widget=forms.HiddenInput,
+        error_messages={
+            "required": "This form has expired. Reload the page and submit it again.",
+            "invalid": "This form has expired. Reload the page and submit it again.",
+        },
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.is_bound:
+            # A fresh key per rendered form: the same page submitted twice carries the same key.
+            self.initial.setdefault("idempotency_key", uuid.uuid4())
+
+    def clean_hours(self):
+        hours = self.cleaned_data["hours"]
+        if hours_to_gpu_seconds(hours) == 0:
+            raise ValidationError("An adjustment of zero hours changes nothing.", code="zero")
+        return hours
+
+    def clean(self):
+        cleaned = super().clean()
+        # The key is invisible, so its error belongs at the top of the form where it is seen.
+        if "idempotency_key" in self.errors:
+            for error in self.errors.pop("idempotency_key"):
+                self.add_error(None, error)
+        return cleaned
+
+
+class BonusApproveForm(forms.Form):
+    hours = HoursField(
+        label="GPU-hours to grant",
+        help_text="Up to the program maximum. The per-person bonus cap may grant fewer; you will be told.",
+    )
+    note = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Note (optional)",
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Shown to the applicant.",
+    )
+
+    def __init__(self, *args, program: BonusProgram, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.program = program
+        self.fields["hours"].initial = gpu_seconds_to_hours(program.max_gpu_seconds)
+
+    def clean_hours(self):
+        hours = self.cleaned_data["hours"]
+        gpu_seconds = hours_to_gpu_seconds(hours)
+        if gpu_seconds <= 0:
+            raise ValidationError(
+                "Grant more than zero hours, or reject the application instead.", code="min"
+            )
+        if gpu_seconds > self.program.max_gpu_seconds:
+            raise ValidationError(
+                f"{self.program.name} grants at most {self.program.max_hours} GPU-hours.", code="max"
+            )
+        return hours
+
+
+class BonusRejectForm(forms.Form):
+    reason = forms.CharField(
+        max_length=1000,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Shown to the applicant, so say what they can do about it.",
+        error_messages={"required": "Give the applicant a reason for the rejection."},
+    )
+
+
+class _HoursModelForm(forms.ModelForm):
+    """A program form whose GPU-seconds field is edited as hours."""
+
+    seconds_field: str
+    hours = HoursField(label="GPU-hours", min_value=Decimal("0.01"))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.initial["hours"] = gpu_seconds_to_hours(getattr(self.instance, self.seconds_field))
+
+    def _post_clean(self):
+        # Before the model validates itself, so its CheckConstraint sees the new value.
+        if "hours" in self.cleaned_data:
+            setattr(self.instance, self.seconds_field, hours_to_gpu_seconds(self.cleaned_data["hours"]))
+        super()._post_clean()
+
+
+class SignupGrantProgramForm(_HoursModelForm):
+    seconds_field = "gpu_seconds"
+    hours = HoursField(label="GPU-hours per account", min_value=Decimal("0.01"))
+
+    class Meta:
+        model = SignupGrantProgram
+        fields = ["name", "max_accounts", "open_until", "is_active"]
+
+
+class BonusProgramForm(_HoursModelForm):
+    seconds_field = "max_gpu_seconds"
+    hours = HoursField(label="Maximum GPU-hours", min_value=Decimal("0.01"))
+
+    class Meta:
+        model = BonusProgram
+        fields = ["name", "slug", "description", "evidence_label", "is_active"]

@@ -1,0 +1,95 @@
+from pytest_django.asserts import assertContains, assertNotContains
+
+from portal.credits import services
+from portal.credits.models import BonusApplication
+
+from .conftest import give
+
+
+def test_it_shows_the_signup_grant_in_balance_and_history(alice, alice_client):
+    services.credits_grant_signup(user=alice)
+
+    response = alice_client.get("/")
+
+    assertContains(
+        response, '<span class="balance-badge" data-testid="balance">25.00 GPU-hours</span>', html=True
+    )
+    ledger = response.content.decode().split('data-testid="ledger"', 1)[1]
+    for cell in ("Grant", "Early-registrant grant", "+25.00", "system"):
+        assert cell in ledger
+
+
+def test_it_shows_both_sizes_with_price_and_how_long_the_balance_lasts(alice, alice_client):
+    give(alice, 25)
+
+    response = alice_client.get("/")
+
+    assertContains(response, "1x MI300X")
+    assertContains(response, "1 GPU-hour per hour")
+    assertContains(response, "8x MI300X")
+    assertContains(response, "8 GPU-hours per hour")
+    # 25 GPU-hours last 25 h on one GPU and 25/8 h = 3 h 07 min on eight.
+    assertContains(response, "<strong>25 h 00 min</strong>", html=True)
+    assertContains(response, "<strong>3 h 07 min</strong>", html=True)
+
+
+def test_it_disables_launch_and_says_it_is_not_yet_available(alice_client):
+    response = alice_client.get("/")
+
+    launch = (
+        '<button class="btn" type="button" disabled title="Launching is not yet available">'
+        "Launch (not yet available)</button>"
+    )
+    assertContains(response, launch, count=2, html=True)
+
+
+def test_it_shows_each_movement_with_sign_balance_after_and_operator(alice, alice_client, olivia):
+    give(alice, 10, reason="Workshop voucher", actor=olivia)
+    give(alice, -2.5, reason="Double grant corrected", actor=olivia)
+
+    response = alice_client.get("/")
+
+    ledger = response.content.decode().split('data-testid="ledger"', 1)[1]
+    assert "Workshop voucher" in ledger and "+10.00" in ledger
+    assert "Double grant corrected" in ledger and "-2.50" in ledger
+    assert "7.50" in ledger
+    assert "Olivia Operator" in ledger
+    # Newest first.
+    assert ledger.index("Double grant corrected") < ledger.index("Workshop voucher")
+
+
+def test_it_shows_zero_and_what_confirming_unlocks_to_an_unverified_user(charlie, charlie_client):
+    services.credits_grant_signup(user=charlie)  # no verified identity: nothing granted
+
+    response = charlie_client.get("/")
+
+    assertContains(
+        response, '<span class="balance-badge empty" data-testid="balance">0.00 GPU-hours</span>', html=True
+    )
+    assertContains(response, "Confirm your email address to unlock")
+    assertContains(response, "the 25.00 free GPU-hours of the early-registrant grant")
+
+
+def test_it_does_not_show_the_unlock_note_to_a_verified_user(alice_client):
+    assertNotContains(alice_client.get("/"), 'data-testid="unverified-note"')
+
+
+def test_it_summarises_bonus_applications_and_links_to_the_bonus_page(alice, alice_client, rocm_star):
+    services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-1")
+
+    response = alice_client.get("/")
+
+    summary = response.content.decode().split('data-testid="bonus-summary"', 1)[1]
+    assert "Pending review" in summary
+    assertContains(response, 'href="/bonus/"')
+
+
+def test_it_summarises_a_rejection(alice, alice_client, rocm_star, olivia):
+    application = services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-1")
+    services.bonus_reject(application_id=application.pk, actor=olivia, reason="Certificate not found")
+
+    response = alice_client.get("/")
+
+    assert BonusApplication.objects.get().status == "rejected"
+    summary = response.content.decode().split('data-testid="bonus-summary"', 1)[1]
+    assert "Rejected" in summary
