@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "portal.credits",
     "portal.instances",
     "portal.console",
+    "portal.notifications",
     "provisioning",
 ]
 
