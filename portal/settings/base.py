@@ -199,6 +199,12 @@ SIGNUP_GRANT_OPEN_UNTIL = env("SIGNUP_GRANT_OPEN_UNTIL", default="")
 DEVCLOUD_DRIVER = env("DEVCLOUD_DRIVER", default="docker")
 # Labels every container with this id, so portals sharing a Docker engine never touch each other's.
 DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="devcloud")
+# Seconds one Docker Engine API call may take before the host counts as unreachable.
+DEVCLOUD_DOCKER_TIMEOUT = env.int("DEVCLOUD_DOCKER_TIMEOUT", default=30)
+# Process limit of a container, per GPU it holds.
+DEVCLOUD_PIDS_PER_GPU = env.int("DEVCLOUD_PIDS_PER_GPU", default=4096)
+# Where the local driver keeps workspaces and run directories.
+DEVCLOUD_LOCAL_ROOT = env("DEVCLOUD_LOCAL_ROOT", default=str(BASE_DIR / "var"))
 # A launch needs at least this many minutes of credit at its size, after what the user's other live
 # instances will burn in the same window.
 LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)

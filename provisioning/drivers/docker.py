@@ -1,0 +1,584 @@
+"""Instances as hardened containers on a host's Docker engine (local socket, or TCP with TLS).
+
+Per instance the driver makes, all named and labelled after the instance so a retry finds them:
+  container  devcloud-<instance uuid>      JupyterLab; /dev/kfd and only its own GPUs' render nodes
+  network    devcloud-net-<instance uuid>  a bridge of its own, so tenants cannot reach each other
+and per user a volume <portal id>-ws-<user id> at /workspace, kept when the instance stops.
+
+Everything the reconciler needs is in the labels: devcloud.managed, devcloud.portal (portals sharing an
+engine never touch each other's), devcloud.instance, devcloud.user, devcloud.gpus.
+"""
+
+import io
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from urllib.parse import urlparse
+
+import docker
+import docker.errors
+import docker.tls
+import requests.exceptions
+from django.conf import settings
+from docker.types import Mount
+
+from portal.instances.catalog import CatalogError, load_catalog
+
+from .base import Driver, DriverError, PollResult, StartResult
+
+logger = logging.getLogger(__name__)
+
+JUPYTER_PORT = 8888
+CONTAINER_USER = "1000:1000"
+WORKSPACE = "/workspace"
+# Seconds `docker stop` waits for JupyterLab to exit on SIGTERM before SIGKILL; it needs about one.
+STOP_TIMEOUT = 5
+# Builds and pulls stream for minutes with silent steps; ordinary API calls get the shorter timeout.
+BUILD_TIMEOUT = 3600
+GIB = 1024**3
+# /dev/shm gets half the memory limit (PyTorch data loaders live there), but no more than this.
+MAX_SHM_BYTES = 64 * GIB
+
+
+def api_timeout() -> int:
+    # Seconds for one Docker API call. A hung engine must fail the task (transiently), not hang it.
+    return getattr(settings, "DEVCLOUD_DOCKER_TIMEOUT", 30)
+
+
+def pids_per_gpu() -> int:
+    # Processes and threads a container may have, per GPU: stops a fork bomb from taking the host down.
+    return getattr(settings, "DEVCLOUD_PIDS_PER_GPU", 4096)
+
+
+def jupyter_base_url(instance) -> str:
+    """The path JupyterLab serves under, the one the gateway routes: /instances/<uuid>/lab/."""
+    return f"/instances/{instance.id}/lab/"
+
+
+def portal_id() -> str:
+    return settings.DEVCLOUD_PORTAL_ID
+
+
+def container_name(instance) -> str:
+    return f"devcloud-{instance.id}"
+
+
+def network_name(instance) -> str:
+    return f"devcloud-net-{instance.id}"
+
+
+def volume_name(user_id) -> str:
+    # Prefixed with the portal id ("devcloud" by default, giving devcloud-ws-<user id>): two portals on
+    # one engine have users with the same ids, and must never share a workspace.
+    return f"{portal_id()}-ws-{user_id}"
+
+
+def instance_labels(instance, gpus=()) -> dict[str, str]:
+    return {
+        "devcloud.managed": "true",
+        "devcloud.portal": portal_id(),
+        "devcloud.instance": str(instance.id),
+        "devcloud.user": str(instance.user_id),
+        "devcloud.gpus": ",".join(str(gpu.render_minor) for gpu in gpus),
+    }
+
+
+class DockerDriver(Driver):
+    """Runs instances on `host`'s Docker engine. See base.Driver for the contract of each method."""
+
+    name = "docker"
+    isolates_gpus = True
+
+    def __init__(self, host):
+        super().__init__(host)
+        self._clients = {}
+        self._tls_dir = None
+
+    # --- Engine connection ------------------------------------------------------------------------
+
+    @property
+    def is_local_engine(self) -> bool:
+        """True when the engine runs on this machine (a unix socket), so its /dev can be looked at here."""
+        return self.host.docker_url.startswith("unix://")
+
+    def client(self, *, timeout: int | None = None) -> docker.DockerClient:
+        """A client for the host's engine. Raises DriverError(permanent=False) when it cannot be reached."""
+        timeout = timeout or api_timeout()
+        if timeout not in self._clients:
+            try:
+                self._clients[timeout] = docker.DockerClient(
+                    base_url=self.host.docker_url, version="auto", timeout=timeout, tls=self._tls_config()
+                )
+            except docker.errors.DockerException as error:
+                raise self._unreachable(error) from error
+        return self._clients[timeout]
+
+    def _tls_config(self):
+        host = self.host
+        if not (host.tls_client_cert or host.tls_ca_cert):
+            return None
+        if self._tls_dir is None:
+            # The SDK wants files. Private ones, removed with the driver.
+            self._tls_dir = tempfile.mkdtemp(prefix="devcloud-tls-")
+            weakref.finalize(self, shutil.rmtree, self._tls_dir, True)
+            for name, pem in (
+                ("ca.pem", host.tls_ca_cert),
+                ("cert.pem", host.tls_client_cert),
+                ("key.pem", host.tls_client_key),
+            ):
+                if pem:
+                    fd = os.open(
+                        os.path.join(self._tls_dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+                    )
+                    with os.fdopen(fd, "w") as file:
+                        file.write(pem)
+        path = lambda name: os.path.join(self._tls_dir, name)
+        if host.tls_client_cert and not host.tls_client_key:
+            raise DriverError(
+                f"Host {host.name} has a TLS client certificate but no key; "
+                "add the key in the admin console.",
+                permanent=True,
+            )
+        return docker.tls.TLSConfig(
+            client_cert=(path("cert.pem"), path("key.pem")) if host.tls_client_cert else None,
+            ca_cert=path("ca.pem") if host.tls_ca_cert else None,
+            # Without a CA of its own the engine's certificate must chain to the system's CAs.
+            verify=path("ca.pem") if host.tls_ca_cert else True,
+        )
+
+    def _unreachable(self, error) -> DriverError:
+        return DriverError(
+            f"The Docker engine of host {self.host.name} ({self.host.docker_url}) cannot be reached: "
+            f"{_reason(error)}. "
+            "This is usually temporary; if it lasts, check that dockerd runs on that host.",
+            permanent=False,
+        )
+
+    def _api_error(self, error, doing: str) -> DriverError:
+        """Turns an SDK exception into a DriverError that says whether retrying can help.
+
+        Anything that is not an engine failure (a bug) is re-raised as it is.
+        """
+        if isinstance(error, DriverError):
+            return error
+        if isinstance(error, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
+            return self._unreachable(error)
+        if isinstance(error, docker.errors.APIError):
+            explanation = str(error.explanation or error)
+            lowered = explanation.lower()
+            if "device" in lowered and ("no such file" in lowered or "error gathering device" in lowered):
+                return DriverError(
+                    f"A GPU device is missing on host {self.host.name} while {doing}: {explanation}. "
+                    "An operator should rediscover the host's GPUs or drain it.",
+                    permanent=True,
+                )
+            if "address pool" in lowered or "non-overlapping" in lowered:
+                return DriverError(
+                    f"Host {self.host.name} has no network addresses left for a new instance network "
+                    f"({explanation}). An operator should remove stale devcloud-net-* networks or "
+                    "configure dockerd's default-address-pools.",
+                    permanent=True,
+                )
+            if error.status_code and error.status_code >= 500:
+                return DriverError(
+                    f"The Docker engine of host {self.host.name} failed while {doing}: {explanation}",
+                    permanent=False,
+                )
+            return DriverError(
+                f"The Docker engine of host {self.host.name} refused {doing}: {explanation}", permanent=True
+            )
+        if isinstance(error, docker.errors.DockerException):
+            return self._unreachable(error)
+        raise error
+
+    # --- The contract -----------------------------------------------------------------------------
+
+    def start(self, instance, gpus) -> StartResult:
+        """Starts the instance's container with exactly `gpus` and returns its endpoint and state.
+
+        Idempotent: an existing container for the instance is started if needed and reused (or replaced,
+        when it was made for other GPUs). Raises DriverError(permanent=True) for a missing image or device,
+        DriverError(permanent=False) when the engine cannot be reached or times out.
+        """
+        gpus = sorted(gpus, key=lambda gpu: gpu.render_minor)
+        client = self.client()
+        name = container_name(instance)
+        try:
+            container = self._find_container(client, name)
+            if (
+                container is not None
+                and container.labels.get("devcloud.gpus") != instance_labels(instance, gpus)["devcloud.gpus"]
+            ):
+                # Made by an earlier attempt with another allocation: never hand it GPUs it no longer holds.
+                container.remove(force=True)
+                container = None
+            network = self._ensure_network(client, instance)
+            volume = self._ensure_volume(client, instance)
+            if container is None:
+                container = self._create_container(client, instance, gpus, network.name, volume.name)
+            if container.status != "running":
+                container.start()
+            container.reload()
+            endpoint, host_port = self._endpoint(container)
+        except DriverError as error:
+            if error.permanent:
+                self._discard(client, instance)
+            raise
+        except Exception as error:
+            driver_error = self._api_error(error, f"starting {name}")
+            if driver_error.permanent:
+                self._discard(client, instance)
+            raise driver_error from error
+        return StartResult(
+            endpoint=endpoint,
+            state={
+                "container_id": container.id,
+                "container_name": name,
+                "network": network.name,
+                "volume": volume.name,
+                "host_port": host_port,
+                "image": instance.image.reference,
+                "gpus": [gpu.render_minor for gpu in gpus],
+            },
+        )
+
+    def stop(self, instance) -> None:
+        """Stops and removes the container and its network; keeps the workspace volume. Missing is fine.
+
+        Raises DriverError(permanent=False) when the engine cannot be reached.
+        """
+        client = self.client()
+        name = container_name(instance)
+        try:
+            container = self._find_container(client, name)
+            if container is not None:
+                if container.status == "running":
+                    container.stop(timeout=STOP_TIMEOUT)
+                container.remove(force=True, v=False)
+            self._remove_networks(client, instance)
+        except docker.errors.NotFound:
+            # Removed by someone else between our look and our remove: already stopped.
+            self._remove_networks(client, instance)
+        except Exception as error:
+            raise self._api_error(error, f"stopping {name}") from error
+
+    def poll(self, instance) -> PollResult:
+        """What the engine shows of the instance: running, exited (with its exit code) or missing."""
+        client = self.client()
+        try:
+            container = self._find_container(client, container_name(instance))
+        except Exception as error:
+            raise self._api_error(error, "looking at the container") from error
+        if container is None:
+            return PollResult(status="missing")
+        state = container.attrs.get("State", {})
+        if container.status in ("running", "restarting", "paused"):
+            return PollResult(status="running", detail=container.status)
+        detail = state.get("Error") or ""
+        if state.get("OOMKilled"):
+            detail = "killed for running out of memory"
+        elif container.status == "created":
+            detail = "created but never started"
+        return PollResult(status="exited", exit_code=state.get("ExitCode"), detail=detail)
+
+    def managed_instance_ids(self) -> set[str]:
+        """Instance ids of every container this portal manages on the host, running or not."""
+        client = self.client()
+        try:
+            containers = client.containers.list(
+                all=True, sparse=True, filters={"label": self._portal_filter()}
+            )
+        except Exception as error:
+            raise self._api_error(error, "listing containers") from error
+        return {c.attrs.get("Labels", {}).get("devcloud.instance") for c in containers} - {None}
+
+    # --- Images (operator actions) ----------------------------------------------------------------
+
+    def images(self) -> list[str]:
+        """Every image tag present on the host, sorted.
+
+        Raises DriverError(permanent=False) when the engine cannot be reached.
+        """
+        try:
+            images = self.client().images.list()
+        except Exception as error:
+            raise self._api_error(error, "listing images") from error
+        return sorted(tag for image in images for tag in image.tags)
+
+    def has_image(self, reference: str) -> bool:
+        try:
+            self.client().images.get(reference)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except Exception as error:
+            raise self._api_error(error, "looking for an image") from error
+
+    def ensure_image(
+        self, reference: str, build_context: str = "", *, progress=None, catalog_path=None
+    ) -> str:
+        """Makes `reference` present on the host, so a launch never waits on a download.
+
+        Returns "present" when it already was, "built" after building it from the catalogue's
+        `build_context` (a directory next to the catalogue, containers/ unless `catalog_path` says
+        otherwise), or "pulled" after pulling it when there is no build context. `progress(line)` is
+        called with each line of build or pull output.
+        Raises DriverError: permanent=True when the build fails or the catalogue no longer produces
+        `reference` (run `manage.py sync_images`), permanent=False when the engine cannot be reached.
+        """
+        report = progress or (lambda line: None)
+        if self.has_image(reference):
+            report(f"{reference} is already on {self.host.name}")
+            return "present"
+        if build_context:
+            self._build(reference, build_context, report, catalog_path)
+            return "built"
+        self._pull(reference, report)
+        return "pulled"
+
+    def _build(self, reference: str, build_context: str, report, catalog_path) -> None:
+        try:
+            catalog = load_catalog(catalog_path)
+            key = catalog.key_for_context(build_context)
+            expected = catalog.reference(key)
+        except CatalogError as error:
+            raise DriverError(str(error), permanent=True) from error
+        if expected != reference:
+            raise DriverError(
+                f"The catalogue now builds {key} as {expected}, not {reference}: its files changed since "
+                "the last sync. Run `manage.py sync_images`, then build again.",
+                permanent=True,
+            )
+        base = catalog.base_reference(key)
+        if base and not self.has_image(base):
+            raise DriverError(
+                f"{reference} builds FROM the local Debian base {base}, which host {self.host.name} does "
+                "not have. Run scripts/build-images.sh on that host (as root, with debootstrap installed).",
+                permanent=True,
+            )
+        report(f"building {reference} on {self.host.name}")
+        client = self.client(timeout=BUILD_TIMEOUT)
+        try:
+            for chunk in client.api.build(
+                fileobj=io.BytesIO(catalog.build_context(key)),
+                custom_context=True,
+                tag=reference,
+                buildargs=catalog.build_args(key),
+                labels={"devcloud.image": key},
+                rm=True,
+                forcerm=True,
+                decode=True,
+            ):
+                if "error" in chunk:
+                    raise DriverError(
+                        f"Building {reference} failed: {chunk['error'].strip()}", permanent=True
+                    )
+                line = (chunk.get("stream") or chunk.get("status") or "").rstrip()
+                if line:
+                    report(line)
+        except DriverError:
+            raise
+        except Exception as error:
+            raise self._api_error(error, f"building {reference}") from error
+        report(f"built {reference}")
+
+    def _pull(self, reference: str, report) -> None:
+        report(f"pulling {reference} on {self.host.name}")
+        repository, _, tag = (
+            reference.rpartition(":") if ":" in reference.rsplit("/", 1)[-1] else (reference, "", "latest")
+        )
+        client = self.client(timeout=BUILD_TIMEOUT)
+        try:
+            for chunk in client.api.pull(repository, tag=tag, stream=True, decode=True):
+                if "error" in chunk:
+                    raise DriverError(f"Pulling {reference} failed: {chunk['error']}", permanent=True)
+                line = " ".join(filter(None, (chunk.get("id"), chunk.get("status"), chunk.get("progress"))))
+                if line:
+                    report(line)
+        except DriverError:
+            raise
+        except docker.errors.NotFound as error:
+            raise DriverError(
+                f"{reference} is not in its registry: {_reason(error)}", permanent=True
+            ) from error
+        except Exception as error:
+            raise self._api_error(error, f"pulling {reference}") from error
+        report(f"pulled {reference}")
+
+    # --- Pieces -----------------------------------------------------------------------------------
+
+    def _portal_filter(self) -> list[str]:
+        return ["devcloud.managed=true", f"devcloud.portal={portal_id()}"]
+
+    @staticmethod
+    def _find_container(client, name):
+        try:
+            return client.containers.get(name)
+        except docker.errors.NotFound:
+            return None
+
+    def _ensure_network(self, client, instance):
+        name = network_name(instance)
+        try:
+            return client.networks.get(name)
+        except docker.errors.NotFound:
+            pass
+        try:
+            return client.networks.create(
+                name,
+                driver="bridge",
+                check_duplicate=True,
+                labels=instance_labels(instance),
+                options={
+                    # A recognisable interface name ("dc-" + the start of the uuid, within Linux's 15
+                    # characters), so a host firewall can match every instance bridge with `-i dc-+`.
+                    "com.docker.network.bridge.name": f"dc-{instance.id.hex[:12]}",
+                },
+            )
+        except docker.errors.APIError as error:
+            if error.status_code == 409:  # a concurrent attempt made it first
+                return client.networks.get(name)
+            raise
+
+    def _remove_networks(self, client, instance):
+        # By label as well as name: an engine that ignored check_duplicate may hold two of them.
+        networks = client.networks.list(
+            filters={"label": [f"devcloud.instance={instance.id}", f"devcloud.portal={portal_id()}"]}
+        )
+        for network in networks:
+            try:
+                network.remove()
+            except docker.errors.NotFound:
+                pass
+
+    def _ensure_volume(self, client, instance):
+        name = volume_name(instance.user_id)
+        try:
+            return client.volumes.get(name)
+        except docker.errors.NotFound:
+            labels = {
+                "devcloud.managed": "true",
+                "devcloud.portal": portal_id(),
+                "devcloud.user": str(instance.user_id),
+            }
+            # Creating an existing volume returns it, so a concurrent create is harmless.
+            return client.volumes.create(name, labels=labels)
+
+    def _device_paths(self, gpus) -> list[tuple[str, str]]:
+        """(host path, container path) of /dev/kfd and each GPU's render node; empty without GPUs."""
+        if not gpus:
+            return []
+        root = self.host.dev_root or "/"
+        pairs = [(os.path.join(root, "dev/kfd"), "/dev/kfd")]
+        pairs += [
+            (os.path.join(root, f"dev/dri/renderD{gpu.render_minor}"), f"/dev/dri/renderD{gpu.render_minor}")
+            for gpu in gpus
+        ]
+        return pairs
+
+    def _device_groups(self, device_paths) -> list[str]:
+        """Group ids that own the device nodes, so uid 1000 may open them (never group 0, root's)."""
+        if not self.is_local_engine:
+            # A remote host's /dev cannot be looked at from here.
+            gid = getattr(self.host, "render_gid", None)
+            return [str(gid)] if gid else []
+        gids = set()
+        for host_path, _ in device_paths:
+            try:
+                gids.add(os.stat(host_path).st_gid)
+            except FileNotFoundError:
+                raise DriverError(
+                    f"GPU device {host_path} does not exist on host {self.host.name}. An operator should "
+                    "rediscover the host's GPUs (or drain the host) before it takes more instances.",
+                    permanent=True,
+                ) from None
+        return [str(gid) for gid in sorted(gids - {0})]
+
+    def _create_container(self, client, instance, gpus, network, volume):
+        gpu_count = max(1, len(gpus))
+        memory_bytes = int(self.host.memory_mb_per_gpu) * gpu_count * 1024 * 1024
+        device_paths = self._device_paths(gpus)
+        group_add = self._device_groups(device_paths)
+        # A container cannot be given more CPUs than the engine has; a host configured with a generous
+        # cpus_per_gpu still runs its 8x instances, on every CPU it has.
+        engine_cpus = client.info().get("NCPU") or 1
+        nano_cpus = int(min(self.host.cpus_per_gpu * gpu_count, engine_cpus) * 1e9)
+        publish_ip = "127.0.0.1" if self.is_local_engine else "0.0.0.0"
+        try:
+            return client.containers.create(
+                instance.image.reference,
+                name=container_name(instance),
+                hostname=f"devcloud-{instance.short_id}",
+                labels=instance_labels(instance, gpus),
+                user=CONTAINER_USER,
+                environment={
+                    "JUPYTER_TOKEN": instance.jupyter_token,
+                    "JUPYTER_BASE_URL": jupyter_base_url(instance),
+                    # Only a convenience: inside the container its GPUs are 0..n-1. Isolation comes
+                    # from the container having no other render nodes.
+                    "HIP_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus))),
+                    "DEVCLOUD_INSTANCE_ID": str(instance.id),
+                    "DEVCLOUD_GPU_COUNT": str(len(gpus)),
+                },
+                devices=[f"{host_path}:{container_path}:rwm" for host_path, container_path in device_paths],
+                group_add=group_add,
+                privileged=False,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                mem_limit=memory_bytes,
+                memswap_limit=memory_bytes,
+                nano_cpus=nano_cpus,
+                pids_limit=pids_per_gpu() * gpu_count,
+                shm_size=min(memory_bytes // 2, MAX_SHM_BYTES),
+                ipc_mode="private",
+                network=network,
+                ports={f"{JUPYTER_PORT}/tcp": (publish_ip, None)},
+                mounts=[Mount(target=WORKSPACE, source=volume, type="volume")],
+                log_config={"type": "json-file", "config": {"max-size": "10m", "max-file": "2"}},
+                restart_policy={"Name": "no"},
+                detach=True,
+            )
+        except docker.errors.ImageNotFound as error:
+            raise DriverError(
+                f"The image {instance.image.reference} ({instance.image.name}) is not on host "
+                f"{self.host.name}. An operator can build or pre-pull it from the admin console "
+                "(or run scripts/build-images.sh there).",
+                permanent=True,
+            ) from error
+        except docker.errors.APIError as error:
+            if error.status_code == 409:  # a concurrent attempt created it first
+                return client.containers.get(container_name(instance))
+            raise
+
+    def _endpoint(self, container) -> tuple[str, int]:
+        bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(
+            f"{JUPYTER_PORT}/tcp"
+        ) or []
+        if not bindings:
+            state = container.attrs.get("State", {})
+            raise DriverError(
+                f"Container {container.name} is {container.status} with no published port"
+                + (f": {state['Error']}" if state.get("Error") else "")
+                + f" (exit code {state.get('ExitCode')}).",
+                permanent=False,
+            )
+        port = int(bindings[0]["HostPort"])
+        address = "127.0.0.1" if self.is_local_engine else urlparse(self.host.docker_url).hostname
+        return f"http://{address}:{port}", port
+
+    def _discard(self, client, instance):
+        """Best-effort removal of a half-made instance after a permanent failure, so a retry starts clean."""
+        try:
+            container = self._find_container(client, container_name(instance))
+            if container is not None:
+                container.remove(force=True)
+            self._remove_networks(client, instance)
+        except Exception:  # the failure being reported matters more than this cleanup's
+            logger.warning("could not clean up after a failed start of %s", instance.id, exc_info=True)
+
+
+def _reason(error) -> str:
+    text = str(getattr(error, "explanation", None) or error)
+    return text if len(text) < 300 else text[:300] + "..."

@@ -1,0 +1,221 @@
+"""The docker driver's start, stop and poll on the real engine: idempotent, token-protected, workspace kept,
+and failures that say whether a retry can help."""
+
+import os
+import stat
+
+import httpx
+import pytest
+
+from provisioning.drivers.base import DriverError
+from provisioning.drivers.docker import DockerDriver, container_name, network_name, volume_name
+from tests.support.docker_instances import (
+    docker_client,
+    docker_portal_fixture,  # noqa: F401
+    exec_in,
+    make_host,
+    make_image,
+    make_instance,
+    status_url,
+    wait_for_jupyter,
+)
+from tests.support.images import cpu_image_fixture  # noqa: F401
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
+
+
+@pytest.fixture
+def host(db, kfd_dev_root):
+    return make_host("gpu-sim-02", kfd_dev_root.path, kfd_dev_root.render_minors)
+
+
+@pytest.fixture
+def image(db, cpu_image):
+    return make_image(cpu_image)
+
+
+def one_gpu(host, minor=128):
+    return list(host.gpus.filter(render_minor=minor))
+
+
+def containers_named(name):
+    return [c for c in docker_client().containers.list(all=True, filters={"name": name}) if c.name == name]
+
+
+def test_it_answers_jupyter_status_only_with_the_token(docker_portal, alice, host, image):
+    instance = make_instance(alice, image, host)
+    result = DockerDriver(host).start(instance, one_gpu(host))
+
+    status = wait_for_jupyter(result.endpoint, instance)
+    anonymous = httpx.get(status_url(result.endpoint, instance), follow_redirects=False)
+    wrong = httpx.get(status_url(result.endpoint, instance), headers={"Authorization": "token not-the-token"})
+
+    assert result.endpoint.startswith("http://127.0.0.1:")
+    assert "last_activity" in status
+    assert anonymous.status_code in (401, 403)
+    assert wrong.status_code in (401, 403)
+    # The token reaches JupyterLab through the environment only, never a command line or URL.
+    attrs = docker_client().containers.get(container_name(instance)).attrs
+    assert instance.jupyter_token not in " ".join(attrs["Args"] + (attrs["Config"]["Cmd"] or []))
+
+
+def test_it_makes_one_container_when_started_twice(docker_portal, alice, host, image):
+    instance = make_instance(alice, image, host)
+    driver = DockerDriver(host)
+
+    first = driver.start(instance, one_gpu(host))
+    second = DockerDriver(host).start(instance, one_gpu(host))
+
+    assert second.endpoint == first.endpoint
+    assert second.state["container_id"] == first.state["container_id"]
+    assert len(containers_named(container_name(instance))) == 1
+    assert len(docker_client().networks.list(names=[network_name(instance)])) == 1
+
+
+def test_it_says_missing_before_start_and_after_stop_and_stops_twice(docker_portal, alice, host, image):
+    instance = make_instance(alice, image, host)
+    driver = DockerDriver(host)
+
+    before = driver.poll(instance)
+    driver.start(instance, one_gpu(host))
+    during = driver.poll(instance)
+    driver.stop(instance)
+    driver.stop(instance)
+    after = driver.poll(instance)
+
+    assert (before.status, during.status, after.status) == ("missing", "running", "missing")
+    assert containers_named(container_name(instance)) == []
+    assert docker_client().networks.list(filters={"label": f"devcloud.instance={instance.id}"}) == []
+    # The workspace outlives the instance.
+    assert docker_client().volumes.get(volume_name(alice.id)).name == volume_name(alice.id)
+
+
+def test_it_reports_an_exited_container_and_starts_it_again(docker_portal, alice, host, image):
+    instance = make_instance(alice, image, host)
+    driver = DockerDriver(host)
+    first = driver.start(instance, one_gpu(host))
+    docker_client().containers.get(container_name(instance)).kill()
+
+    exited = driver.poll(instance)
+    again = driver.start(instance, one_gpu(host))
+
+    assert exited.status == "exited"
+    assert again.state["container_id"] == first.state["container_id"]
+    assert driver.poll(instance).status == "running"
+
+
+def test_it_replaces_a_container_left_from_another_gpu_allocation(docker_portal, alice, host, image):
+    instance = make_instance(alice, image, host)
+    driver = DockerDriver(host)
+    driver.start(instance, one_gpu(host, 128))
+
+    # A retry after the scheduler moved the instance to another GPU must not keep the old device.
+    driver.start(instance, one_gpu(host, 176))
+
+    _, listing = exec_in(container_name(instance), "ls", "/dev/dri")
+    assert listing.split() == ["renderD176"]
+    assert len(containers_named(container_name(instance))) == 1
+
+
+def test_it_gives_the_next_launch_the_files_of_the_last(docker_portal, alice, bob, host, image):
+    driver = DockerDriver(host)
+    first = make_instance(alice, image, host)
+    driver.start(first, one_gpu(host))
+    code, output = exec_in(container_name(first), "sh", "-c", "echo 'results: 42' > /workspace/notes.txt")
+    assert code == 0, output
+    driver.stop(first)
+
+    second = make_instance(alice, image, host)
+    driver.start(second, one_gpu(host, 136))
+    bobs = make_instance(bob, image, host)
+    driver.start(bobs, one_gpu(host, 144))
+
+    _, alices_file = exec_in(container_name(second), "cat", "/workspace/notes.txt")
+    bobs_code, _ = exec_in(container_name(bobs), "test", "-e", "/workspace/notes.txt")
+    assert alices_file.strip() == "results: 42"
+    assert bobs_code != 0, "Bob sees Alice's workspace"
+
+
+def test_it_lists_the_instances_this_portal_manages(docker_portal, alice, host, image):
+    instance = make_instance(alice, image, host)
+    driver = DockerDriver(host)
+    driver.start(instance, one_gpu(host))
+    # Another portal on the same engine: same labels, other portal id. Never ours to manage.
+    other = docker_client().containers.create(
+        image.reference,
+        labels={
+            "devcloud.managed": "true",
+            "devcloud.portal": f"{docker_portal}-other",
+            "devcloud.instance": "x",
+        },
+    )
+    try:
+        managed = driver.managed_instance_ids()
+        driver.stop(instance)
+        after_stop = driver.managed_instance_ids()
+    finally:
+        other.remove(force=True)
+
+    assert managed == {str(instance.id)}
+    assert after_stop == set()
+
+
+def test_it_fails_for_good_when_the_image_is_not_on_the_host(docker_portal, alice, host):
+    image = make_image("devcloud/not-built:000000000000", key="missing")
+    instance = make_instance(alice, image, host)
+    driver = DockerDriver(host)
+
+    with pytest.raises(DriverError) as failure:
+        driver.start(instance, one_gpu(host))
+
+    assert failure.value.permanent is True
+    assert "devcloud/not-built:000000000000" in failure.value.message
+    assert "build or pre-pull" in failure.value.message
+    # Nothing half-made is left for a retry to trip over.
+    assert driver.poll(instance).status == "missing"
+    assert docker_client().networks.list(filters={"label": f"devcloud.instance={instance.id}"}) == []
+
+
+def test_it_fails_for_good_when_a_render_node_is_missing(docker_portal, alice, host, image, kfd_dev_root):
+    kfd_dev_root.render_node(152).unlink()
+    instance = make_instance(alice, image, host)
+
+    with pytest.raises(DriverError) as failure:
+        DockerDriver(host).start(instance, one_gpu(host, 152))
+
+    assert failure.value.permanent is True
+    assert "renderD152" in failure.value.message
+    assert containers_named(container_name(instance)) == []
+
+
+@pytest.mark.parametrize("docker_url", ["unix:///nonexistent.sock", "tcp://127.0.0.1:1"])
+def test_it_fails_for_now_when_the_engine_cannot_be_reached(docker_url, alice, host, image):
+    host.docker_url = docker_url
+    instance = make_instance(alice, image, host)
+    driver = DockerDriver(host)
+
+    for call in (
+        lambda: driver.start(instance, one_gpu(host)),
+        lambda: driver.stop(instance),
+        lambda: driver.poll(instance),
+    ):
+        with pytest.raises(DriverError) as failure:
+            call()
+        assert failure.value.permanent is False
+        assert "cannot be reached" in failure.value.message
+
+
+def test_it_keeps_tls_material_in_private_files(alice, host, image):
+    host.docker_url = "tcp://127.0.0.1:1"
+    host.tls_ca_cert = "-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n"
+    host.tls_client_cert = host.tls_ca_cert
+    host.tls_client_key = "-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n"
+    driver = DockerDriver(host)
+
+    with pytest.raises(DriverError):
+        driver.poll(make_instance(alice, image, host))
+
+    files = sorted(os.listdir(driver._tls_dir))
+    modes = {name: stat.S_IMODE(os.stat(os.path.join(driver._tls_dir, name)).st_mode) for name in files}
+    assert files == ["ca.pem", "cert.pem", "key.pem"]
+    assert set(modes.values()) == {0o600}
