@@ -3,7 +3,6 @@
 Instance operations live elsewhere; this module only changes GpuHost and Gpu rows.
 """
 
-import os
 import re
 import shutil
 import tempfile
@@ -17,15 +16,13 @@ import requests
 from django.db import transaction
 from django.utils import timezone
 
+from .engine import EngineSettingsError, build_client, has_tls
 from .inventory import InventoryError, read_inventory
 from .models import Gpu, GpuAllocation, GpuHost
 
 # Seconds to wait for a Docker engine before calling it unreachable. Short, because an operator waits
 # on it in the admin and a beat task must not stall on one dead host.
 ENGINE_TIMEOUT_SECONDS = 5
-# The Docker Engine API version spoken to every host: 1.41 is Docker 20.10, the oldest engine supported;
-# newer engines still serve it.
-DOCKER_API_VERSION = "1.41"
 # A GPU whose render minor must make way for another node's is parked above any real minor until it is
 # rewritten, so the (host, render_minor) unique constraint holds at every statement.
 PARKED_MINOR_BASE = 1_000_000
@@ -72,15 +69,6 @@ def _nodes(node_ids):
     return ", ".join(str(node_id) for node_id in node_ids)
 
 
-def _write_private(directory: str, name: str, text: str) -> str:
-    path = os.path.join(directory, name)
-    # 0600 from the start: the client key must never be readable by another user, even briefly.
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text)
-    return path
-
-
 @contextmanager
 def engine_client(
     *,
@@ -92,40 +80,16 @@ def engine_client(
 ):
     """Yield a docker.DockerClient for an engine, closed (and its PEM files removed) on exit.
 
-    For tcp:// endpoints with certificates, the PEM texts are written to a private temporary directory
-    (files 0600) for the life of the client. The client speaks DOCKER_API_VERSION and ignores proxy and CA
-    bundle variables from the environment. Nothing is sent until the client is used. Raises HostError when
-    the TLS settings are incomplete or given for a unix socket.
+    Raises HostError when the TLS settings are incomplete or given for a unix socket.
     """
-    has_tls = bool(tls_ca_cert or tls_client_cert or tls_client_key)
-    if has_tls and not docker_url.startswith("tcp://"):
-        raise HostError(f"TLS certificates only apply to tcp:// endpoints, not {docker_url}.")
-    if bool(tls_client_cert) != bool(tls_client_key):
-        raise HostError("Give both the TLS client certificate and its key, or neither.")
-    pem_dir = tempfile.mkdtemp(prefix="devcloud-engine-") if has_tls else None
+    tls = dict(tls_ca_cert=tls_ca_cert, tls_client_cert=tls_client_cert, tls_client_key=tls_client_key)
+    pem_dir = tempfile.mkdtemp(prefix="devcloud-engine-") if has_tls(**tls) else None
     client = None
     try:
-        tls = None
-        if has_tls:
-            client_cert = None
-            if tls_client_cert:
-                client_cert = (
-                    _write_private(pem_dir, "cert.pem", tls_client_cert),
-                    _write_private(pem_dir, "key.pem", tls_client_key),
-                )
-            ca_cert = _write_private(pem_dir, "ca.pem", tls_ca_cert) if tls_ca_cert else None
-            try:
-                # Always verify the engine: against the given CA, or the system's CAs when none is given.
-                tls = docker.tls.TLSConfig(client_cert=client_cert, ca_cert=ca_cert, verify=True)
-            except docker.errors.TLSParameterError as error:
-                raise HostError(f"Bad TLS settings for {docker_url}: {error}") from error
-        # A fixed API version means the constructor sends no request, so trust_env can be switched off
-        # first: otherwise REQUESTS_CA_BUNDLE (and proxy variables) from the environment silently
-        # replace the host's own CA, and every TLS engine fails verification.
-        client = docker.DockerClient(
-            base_url=docker_url, tls=tls, timeout=timeout, version=DOCKER_API_VERSION
-        )
-        client.api.trust_env = False
+        try:
+            client = build_client(docker_url=docker_url, timeout=timeout, pem_dir=pem_dir, **tls)
+        except EngineSettingsError as error:
+            raise HostError(str(error)) from error
         yield client
     finally:
         if client is not None:

@@ -26,6 +26,7 @@ from docker.types import Mount
 
 from portal.instances.catalog import CatalogError, load_catalog
 
+from ..engine import EngineSettingsError, build_client, has_tls
 from .base import Driver, DriverError, PollResult, StartResult
 
 logger = logging.getLogger(__name__)
@@ -104,49 +105,29 @@ class DockerDriver(Driver):
         return self.host.docker_url.startswith("unix://")
 
     def client(self, *, timeout: int | None = None) -> docker.DockerClient:
-        """A client for the host's engine. Raises DriverError(permanent=False) when it cannot be reached."""
+        """A client for the host's engine. Raises DriverError(permanent=True) for bad TLS settings."""
         timeout = timeout or api_timeout()
         if timeout not in self._clients:
+            host = self.host
+            tls = dict(
+                tls_ca_cert=host.tls_ca_cert, tls_client_cert=host.tls_client_cert, tls_client_key=host.tls_client_key
+            )
+            if self._tls_dir is None and has_tls(**tls):
+                # The SDK wants files. Private ones, removed with the driver.
+                self._tls_dir = tempfile.mkdtemp(prefix="devcloud-tls-")
+                weakref.finalize(self, shutil.rmtree, self._tls_dir, True)
             try:
-                self._clients[timeout] = docker.DockerClient(
-                    base_url=self.host.docker_url, version="auto", timeout=timeout, tls=self._tls_config()
+                self._clients[timeout] = build_client(
+                    docker_url=host.docker_url, timeout=timeout, pem_dir=self._tls_dir, **tls
                 )
+            except EngineSettingsError as error:
+                raise DriverError(
+                    f"Host {host.name} has unusable TLS settings: {error} Fix them in the admin console.",
+                    permanent=True,
+                ) from error
             except docker.errors.DockerException as error:
                 raise self._unreachable(error) from error
         return self._clients[timeout]
-
-    def _tls_config(self):
-        host = self.host
-        if not (host.tls_client_cert or host.tls_ca_cert):
-            return None
-        if self._tls_dir is None:
-            # The SDK wants files. Private ones, removed with the driver.
-            self._tls_dir = tempfile.mkdtemp(prefix="devcloud-tls-")
-            weakref.finalize(self, shutil.rmtree, self._tls_dir, True)
-            for name, pem in (
-                ("ca.pem", host.tls_ca_cert),
-                ("cert.pem", host.tls_client_cert),
-                ("key.pem", host.tls_client_key),
-            ):
-                if pem:
-                    fd = os.open(
-                        os.path.join(self._tls_dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
-                    )
-                    with os.fdopen(fd, "w") as file:
-                        file.write(pem)
-        path = lambda name: os.path.join(self._tls_dir, name)
-        if host.tls_client_cert and not host.tls_client_key:
-            raise DriverError(
-                f"Host {host.name} has a TLS client certificate but no key; "
-                "add the key in the admin console.",
-                permanent=True,
-            )
-        return docker.tls.TLSConfig(
-            client_cert=(path("cert.pem"), path("key.pem")) if host.tls_client_cert else None,
-            ca_cert=path("ca.pem") if host.tls_ca_cert else None,
-            # Without a CA of its own the engine's certificate must chain to the system's CAs.
-            verify=path("ca.pem") if host.tls_ca_cert else True,
-        )
 
     def _unreachable(self, error) -> DriverError:
         return DriverError(
