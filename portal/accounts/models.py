@@ -33,6 +33,10 @@ class UserManager(BaseUserManager):
         user.save(using=self._db)
         return user
 
+    def get_by_natural_key(self, username):
+        # Addresses are stored lower-case; match what a person types in any case (admin login too).
+        return self.get(email__iexact=username)
+
     def create_user(self, email, password=None, **extra_fields):
         extra_fields.setdefault("is_staff", False)
         extra_fields.setdefault("is_superuser", False)

@@ -121,8 +121,9 @@ AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
 # Number of reverse proxies in front of the portal; the real client IP is read from X-Forwarded-For
 # behind that many hops, and REMOTE_ADDR is used when it is 0.
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
-AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT or None
-AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if TRUSTED_PROXY_COUNT else ["REMOTE_ADDR"]
+# One definition of "the client's address" for lockouts and rate limits (ipware's proxy count is off by
+# one for a single proxy, and would trust a forged X-Forwarded-For entry).
+AXES_CLIENT_IP_CALLABLE = "portal.accounts.views.client_ip"
 # Sign-ups, resends and reset requests allowed per client IP (django-ratelimit syntax).
 SIGNUP_RATE = env("SIGNUP_RATE", default="10/h")
 EMAIL_SEND_RATE = env("EMAIL_SEND_RATE", default="5/h")

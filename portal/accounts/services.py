@@ -1,0 +1,440 @@
+"""Operations on accounts: sign-up, email confirmation and change, password reset, SSH keys, deletion.
+
+Views, forms and tasks call these and hold no business logic. Each raises ValidationError with a
+message a person can act on, or LinkError for a confirmation link that no longer works.
+"""
+
+import base64
+import hashlib
+import logging
+
+import kombu.exceptions
+import redis.exceptions
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+from axes.utils import reset as axes_reset
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from django.conf import settings
+from django.contrib.auth.password_validation import validate_password
+from django.contrib.sessions.models import Session
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
+
+from portal.credits.services import credits_grant_signup
+
+from .models import SshKey, User
+from .tokens import TokenState, email_change_tokens, email_verification_tokens, password_reset_tokens
+
+log = logging.getLogger(__name__)
+
+# What a publish raises when Redis is down or unreachable. Sign-up must not fail because of it.
+BROKER_ERRORS = (kombu.exceptions.OperationalError, redis.exceptions.RedisError, ConnectionError)
+
+EMAIL_TAKEN = "An account with this email address already exists. Log in, or reset your password."
+RSA_MIN_BITS = 2048
+
+
+class EmailKind:
+    VERIFY = "verify"
+    EMAIL_CHANGE = "email_change"
+    PASSWORD_RESET = "password_reset"
+
+
+class LinkError(Exception):
+    """A confirmation link that cannot be used. `reason` is one of the constants below."""
+
+    EXPIRED = "expired"
+    INVALID = "invalid"  # garbled, already used, or replaced by a newer link
+    ALREADY_CONFIRMED = "already_confirmed"
+    TAKEN = "taken"  # the new address was claimed by another account in the meantime
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _clean_email(email: str) -> str:
+    return User.objects.normalize_email((email or "").strip()).lower()
+
+
+def _email_in_use(email: str, *, exclude_pk=None) -> bool:
+    users = User.objects.filter(email__iexact=email)
+    if exclude_pk is not None:
+        users = users.exclude(pk=exclude_pk)
+    return users.exists()
+
+
+# --- Sign-up and email verification ------------------------------------------------------------
+
+
+def account_signup(*, email: str, password: str) -> User:
+    """Create an account with `email` as login and queue its verification email.
+
+    Returns the new (unverified) user. Raises ValidationError keyed by field: "email" when the
+    address is taken (case-insensitively), "password" when a password validator refuses it.
+    """
+    email = _clean_email(email)
+    validate_password_for(email=email, password=password)
+    if _email_in_use(email):
+        raise ValidationError({"email": EMAIL_TAKEN})
+    try:
+        with transaction.atomic():
+            user = User.objects.create_user(email, password)
+    except IntegrityError:
+        # Two sign-ups for one address at once: the database's case-insensitive unique index decides.
+        raise ValidationError({"email": EMAIL_TAKEN}) from None
+    email_send_later(kind=EmailKind.VERIFY, user_id=user.pk)
+    return user
+
+
+def validate_password_for(*, email: str, password: str, user: User | None = None) -> None:
+    """Run the configured password validators. Raises ValidationError({"password": [...]})."""
+    try:
+        validate_password(password, user=user or User(email=email))
+    except ValidationError as error:
+        raise ValidationError({"password": error.messages}) from None
+
+
+def email_verification_resend(*, user: User) -> list[str]:
+    """Queue again every confirmation link the user is still waiting for.
+
+    Returns the addresses written to: the current one while unverified, and the pending new one.
+    An empty list means there is nothing left to confirm.
+    """
+    addresses = []
+    if not user.email_verified:
+        email_send_later(kind=EmailKind.VERIFY, user_id=user.pk)
+        addresses.append(user.email)
+    if user.pending_email:
+        email_send_later(kind=EmailKind.EMAIL_CHANGE, user_id=user.pk)
+        addresses.append(user.pending_email)
+    return addresses
+
+
+def email_verify(*, user: User, token: str):
+    """Confirm the user's current address with the token from the emailed link, then give the
+    early-registrant grant if this person has not had it.
+
+    Returns the grant's LedgerEntry, or None when nothing was granted. Raises LinkError when the
+    link expired, was already used, or was made before the email or password changed.
+    """
+    with transaction.atomic():
+        # Locked so two clicks at once cannot both pass the single-use check.
+        user = User.objects.select_for_update().get(pk=user.pk)
+        state = email_verification_tokens.token_state(user, token)
+        if state is TokenState.EXPIRED:
+            raise LinkError(LinkError.EXPIRED)
+        if state is not TokenState.VALID:
+            if user.email_verified and not user.pending_email:
+                raise LinkError(LinkError.ALREADY_CONFIRMED)
+            raise LinkError(LinkError.INVALID)
+        user.email_verified_at = timezone.now()
+        user.save(update_fields=["email_verified_at"])
+        return credits_grant_signup(user=user)
+
+
+# --- Email change ------------------------------------------------------------------------------
+
+
+def email_change_request(*, user: User, new_email: str, password: str = "") -> User:
+    """Remember `new_email` as pending and send a confirmation link to it. The address only changes
+    when that link is followed. Links sent earlier for this account stop working.
+
+    The current password is required when the account has one. Returns the user. Raises
+    ValidationError keyed by field ("password", "new_email").
+    """
+    if user.has_usable_password() and not user.check_password(password or ""):
+        raise ValidationError({"password": "That is not your current password."})
+    new_email = _clean_email(new_email)
+    if new_email == user.email:
+        raise ValidationError({"new_email": "That is already your email address."})
+    if _email_in_use(new_email, exclude_pk=user.pk):
+        raise ValidationError({"new_email": "Another account uses this email address."})
+    user.pending_email = new_email
+    user.save(update_fields=["pending_email"])
+    email_send_later(kind=EmailKind.EMAIL_CHANGE, user_id=user.pk)
+    return user
+
+
+def email_change_cancel(*, user: User) -> None:
+    """Forget the pending address; its confirmation link stops working."""
+    user.pending_email = ""
+    user.save(update_fields=["pending_email"])
+
+
+def email_change_confirm(*, user: User, token: str):
+    """Move the account to its pending address, which the token proves the user can read.
+
+    The address counts as verified, so the early-registrant grant is given if this person has not
+    had it. Password-reset and older confirmation links die with the old address. Returns the grant's
+    LedgerEntry or None. Raises LinkError (expired, invalid, or the address is taken by now).
+    """
+    try:
+        with transaction.atomic():
+            user = User.objects.select_for_update().get(pk=user.pk)
+            state = email_change_tokens.token_state(user, token)
+            if state is TokenState.EXPIRED:
+                raise LinkError(LinkError.EXPIRED)
+            if state is not TokenState.VALID or not user.pending_email:
+                raise LinkError(LinkError.INVALID)
+            if _email_in_use(user.pending_email, exclude_pk=user.pk):
+                raise LinkError(LinkError.TAKEN)
+            user.email, user.pending_email = user.pending_email, ""
+            user.email_verified_at = timezone.now()
+            user.save(update_fields=["email", "pending_email", "email_verified_at"])
+            return credits_grant_signup(user=user)
+    except IntegrityError:
+        raise LinkError(LinkError.TAKEN) from None
+
+
+# --- Password reset ----------------------------------------------------------------------------
+
+
+def password_reset_request(*, email: str) -> None:
+    """Queue a reset link for the active account with a password at `email`, if there is one.
+
+    Returns nothing either way, so the caller cannot tell whether the address has an account.
+    """
+    for user in User.objects.filter(email__iexact=_clean_email(email), is_active=True):
+        if user.has_usable_password():
+            email_send_later(kind=EmailKind.PASSWORD_RESET, user_id=user.pk)
+
+
+def password_reset_completed(*, user: User) -> None:
+    """After a reset, lift a login lockout on the account: the lockout page sends people here."""
+    axes_reset(username=user.email)
+
+
+# --- Sending email -----------------------------------------------------------------------------
+
+
+def email_send_later(*, kind: str, user_id: int) -> None:
+    """Send an account email from a Celery worker once the current transaction commits.
+
+    The worker builds the link itself, so no token travels through the broker. When the broker is
+    unreachable the email is sent from this process instead, and an SMTP failure then is logged
+    rather than raised: the user can ask for the link again.
+    """
+    transaction.on_commit(lambda: _email_publish(kind=kind, user_id=user_id))
+
+
+def _email_publish(*, kind: str, user_id: int) -> None:
+    from .tasks import send_email
+
+    try:
+        send_email.delay(kind, user_id)
+    except BROKER_ERRORS as error:
+        log.warning("Broker unreachable (%s); sending the %s email to user %s inline", error, kind, user_id)
+        try:
+            email_send(kind=kind, user_id=user_id)
+        except Exception:
+            log.exception("Could not send the %s email to user %s", kind, user_id)
+
+
+def _uid(user) -> str:
+    return urlsafe_base64_encode(force_bytes(user.pk))
+
+
+def _duration(seconds: int) -> str:
+    """How long a link lasts, in the largest whole unit: 259200 -> '3 days'."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{seconds} seconds"
+
+
+def _verify_message(user):
+    if user.email_verified:
+        return None
+    token = email_verification_tokens.make_token(user)
+    return user.email, "verify", reverse("accounts:verify", args=[_uid(user), token])
+
+
+def _email_change_message(user):
+    if not user.pending_email:
+        return None
+    token = email_change_tokens.make_token(user)
+    return user.pending_email, "email_change", reverse("accounts:email_confirm", args=[_uid(user), token])
+
+
+def _password_reset_message(user):
+    if not user.has_usable_password():
+        return None
+    token = password_reset_tokens.make_token(user)
+    return user.email, "password_reset", reverse("accounts:password_reset_confirm", args=[_uid(user), token])
+
+
+_MESSAGES = {
+    EmailKind.VERIFY: _verify_message,
+    EmailKind.EMAIL_CHANGE: _email_change_message,
+    EmailKind.PASSWORD_RESET: _password_reset_message,
+}
+
+
+def email_send(*, kind: str, user_id: int) -> bool:
+    """Build the link for `kind` now and send the email over the configured backend.
+
+    Returns False when there is nothing to send any more (the account is gone or inactive, the
+    address was confirmed meanwhile, the pending change was cancelled). Raises ValueError for an
+    unknown kind, and whatever the mail backend raises (smtplib.SMTPException, OSError) so the task
+    can retry.
+    """
+    if kind not in _MESSAGES:
+        raise ValueError(f"Unknown account email kind: {kind!r}")
+    user = User.objects.filter(pk=user_id, is_active=True).first()
+    if user is None:
+        return False
+    built = _MESSAGES[kind](user)
+    if built is None:
+        return False
+    to, template, path = built
+    context = {
+        "user": user,
+        "email": to,
+        "link": settings.SITE_URL + path,
+        "site_name": settings.SITE_NAME,
+        "site_url": settings.SITE_URL,
+        "valid_for": _duration(settings.PASSWORD_RESET_TIMEOUT),
+    }
+    subject = " ".join(render_to_string(f"emails/{template}_subject.txt", context).split())
+    body = render_to_string(f"emails/{template}.txt", context)
+    send_mail(subject, body, None, [to])
+    return True
+
+
+# --- SSH keys ----------------------------------------------------------------------------------
+
+
+def sshkey_parse(text: str) -> tuple[str, str, str]:
+    """Check one OpenSSH public key line.
+
+    Returns (key_type, canonical line with its comment, fingerprint as `ssh-keygen -lf` prints it).
+    Raises ValidationError naming the problem: a private key, not a key, DSA, an RSA key shorter
+    than 2048 bits, or an unsupported type.
+    """
+    text = (text or "").strip()
+    if not text:
+        raise ValidationError("Paste your public key, e.g. the contents of ~/.ssh/id_ed25519.pub.")
+    if "PRIVATE KEY" in text:
+        raise ValidationError(
+            "This is a private key. Never share it: paste the public key instead (the .pub file)."
+        )
+    lines = text.splitlines()
+    if len(lines) > 1:
+        raise ValidationError("Paste one key, on a single line.")
+    parts = text.split(None, 2)
+    if parts[0].startswith("sk-"):
+        raise ValidationError(
+            "Security-key (FIDO) SSH keys are not supported yet. Use an Ed25519 key (ssh-keygen -t ed25519)."
+        )
+    if parts[0] == "ssh-dss":
+        # Checked by name: OpenSSH disabled DSA, and cryptography is dropping support for parsing it.
+        raise ValidationError("DSA keys are no longer accepted. Use an Ed25519 key (ssh-keygen -t ed25519).")
+    try:
+        key = serialization.load_ssh_public_key(" ".join(parts[:2]).encode())
+    except Exception:
+        # cryptography raises ValueError, UnsupportedAlgorithm or others depending on how it is broken.
+        raise ValidationError(
+            "This is not a valid SSH public key. It should look like “ssh-ed25519 AAAAC3Nza… you@laptop”."
+        ) from None
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < RSA_MIN_BITS:
+        raise ValidationError(
+            f"This RSA key has only {key.key_size} bits; at least {RSA_MIN_BITS} are required. "
+            "Use an Ed25519 key (ssh-keygen -t ed25519)."
+        )
+    if not isinstance(key, (rsa.RSAPublicKey, ec.EllipticCurvePublicKey, ed25519.Ed25519PublicKey)):
+        raise ValidationError(
+            "This key type is not supported. Use Ed25519, ECDSA or RSA (2048 bits or more)."
+        )
+    key_type, blob_b64 = (
+        key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode().split()
+    )
+    digest = hashlib.sha256(base64.b64decode(blob_b64)).digest()
+    fingerprint = "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+    comment = parts[2].strip() if len(parts) > 2 else ""
+    line = f"{key_type} {blob_b64}" + (f" {comment}" if comment else "")
+    return key_type, line, fingerprint
+
+
+def sshkey_add(*, user: User, name: str, public_key: str) -> SshKey:
+    """Add a public key to the user's account. Returns the SshKey.
+
+    Raises ValidationError keyed by field: "public_key" (see sshkey_parse, or a duplicate),
+    "name" (empty).
+    """
+    name = (name or "").strip()
+    errors = {}
+    if not name:
+        errors["name"] = "Give the key a name, e.g. “laptop”."
+    try:
+        key_type, line, fingerprint = sshkey_parse(public_key)
+    except ValidationError as error:
+        errors["public_key"] = error.messages
+    if errors:
+        raise ValidationError(errors)
+    existing = user.ssh_keys.filter(fingerprint=fingerprint).first()
+    if existing is not None:
+        raise ValidationError({"public_key": f"You already added this key, as “{existing.name}”."})
+    try:
+        with transaction.atomic():
+            return SshKey.objects.create(
+                user=user, name=name, key_type=key_type, public_key=line, fingerprint=fingerprint
+            )
+    except IntegrityError:
+        raise ValidationError({"public_key": "You already added this key."}) from None
+
+
+def sshkey_delete(*, key: SshKey) -> None:
+    """Remove a key. The caller has checked that it belongs to the acting user."""
+    key.delete()
+
+
+# --- Deletion ----------------------------------------------------------------------------------
+
+
+def account_delete(*, user: User) -> User:
+    """Delete the account as far as the append-only ledger allows: scrub and deactivate it.
+
+        The row stays (ledger entries point at it) but holds no personal data: the email becomes
+        deleted-<id>@deleted.invalid, names are cleared, the password is unusable, SSH keys and GitHub
+        links are removed and every session of the user ends. The address is free for a new sign-up;
+        the early-registrant grant remembers who had it, so a new account gets none. Log-in records
+    kept by django-axes under the address are deleted too. Returns the user.
+    """
+    with transaction.atomic():
+        user = User.objects.select_for_update().get(pk=user.pk)
+        # django-axes keeps log-in records under the address; they are personal data too.
+        for model in (AccessAttempt, AccessFailureLog, AccessLog):
+            model.objects.filter(username=user.email).delete()
+        user.email = f"deleted-{user.pk}@deleted.invalid"
+        user.pending_email = ""
+        user.first_name = user.last_name = ""
+        user.email_verified_at = None
+        user.set_unusable_password()
+        user.is_active = False
+        user.deleted_at = timezone.now()
+        user.save()
+        user.ssh_keys.all().delete()
+        user.social_auth.all().delete()
+        _sessions_end(user_pk=user.pk)
+    return user
+
+
+def _sessions_end(*, user_pk) -> int:
+    """Delete every stored session logged in as `user_pk`. Returns how many ended.
+
+    Django keeps no index from users to sessions, so this reads them all; deletions are rare.
+    """
+    ended = 0
+    for session in Session.objects.filter(expire_date__gt=timezone.now()).iterator():
+        if session.get_decoded().get("_auth_user_id") == str(user_pk):
+            session.delete()
+            ended += 1
+    return ended
