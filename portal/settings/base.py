@@ -255,3 +255,6 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "provisioning.reconcile", "schedule": float(RECONCILE_SECONDS)},
     "start-queued": {"task": "provisioning.start_queued", "schedule": float(METER_TICK_SECONDS)},
 }
+# How often beat records a capacity sample (GPUs allocated/total, launch queue) for the console's charts.
+CONSOLE_SAMPLE_SECONDS = env.int("CONSOLE_SAMPLE_SECONDS", default=300)
+CELERY_BEAT_SCHEDULE["console-sample"] = {"task": "console.record_sample", "schedule": float(CONSOLE_SAMPLE_SECONDS)}

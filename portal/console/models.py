@@ -1,0 +1,60 @@
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+
+
+class AuditEntry(models.Model):
+    """One operator action: who, when, what (action and target) and why.
+
+    Append-only: the database refuses UPDATE and DELETE (migration 0002). Written through
+    services.audit_record, in the same transaction as the action it records.
+    """
+
+    # Who acted; null for actions the system took on its own (beat tasks, automatic approvals).
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # The operator's name and address as they were when they acted, so the record reads right after
+    # renames and account deletion.
+    actor_name = models.CharField(max_length=300)
+    # Short dotted code, e.g. "credits.adjust" or "host.drain"; see services.AUDIT_ACTIONS.
+    action = models.CharField(max_length=50, db_index=True)
+    # "app_label.model" of the object acted on, its primary key, and how it read at the time.
+    target_type = models.CharField(max_length=100, blank=True, default="")
+    target_id = models.CharField(max_length=64, blank=True, default="")
+    target_repr = models.CharField(max_length=300, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    # Anything else worth keeping: amounts, previous and new values, counts.
+    details = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [models.Index(fields=["target_type", "target_id"], name="console_audit_target")]
+
+    def __str__(self):
+        return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor_name} {self.action} {self.target_repr}".strip()
+
+
+class CapacitySample(models.Model):
+    """The fleet at one moment, recorded by the beat task console.record_sample for the dashboard's charts."""
+
+    taken_at = models.DateTimeField(db_index=True)
+    # Present GPUs of hosts that are not retired.
+    gpus_total = models.PositiveIntegerField()
+    # Of those, GPUs held by a live allocation.
+    gpus_allocated = models.PositiveIntegerField()
+    # Launches waiting for GPUs, and how long the oldest of them has waited.
+    queue_length = models.PositiveIntegerField()
+    oldest_queued_wait_seconds = models.PositiveIntegerField()
+    running_instances = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["-taken_at"]
+
+    def __str__(self):
+        return (
+            f"{self.taken_at:%Y-%m-%d %H:%M} {self.gpus_allocated}/{self.gpus_total} GPUs, "
+            f"{self.queue_length} queued"
+        )
