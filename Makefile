@@ -1,31 +1,48 @@
-# DevCloud. `make run` starts the portal on this machine; `make test` runs the whole suite.
+# DevCloud. On a fresh Debian/Ubuntu machine, as root:
+#   make run    start the portal (web, Celery worker and beat) on http://127.0.0.1:8000/
+#   make test   install and start PostgreSQL, Redis and Docker if missing, then run the whole suite
 SHELL := /bin/bash
-PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+# The stamp's name carries a hash of the dependency files, so editing either one reinstalls on the next make.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test bench venv clean
+# Playwright drives the system's /usr/bin/chromium; nothing may download a browser build.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
+
+.PHONY: run test bench venv services screenshots clean
 
 $(STAMP): pyproject.toml constraints.txt
-	@command -v $(PYTHON) >/dev/null || PYTHON=python3; \
-	  test -x $(PY) || $${PYTHON:-python3} -m venv $(VENV) || { apt-get install -y python3-venv && python3 -m venv $(VENV); }
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
-	rm -f $(VENV)/.installed-*; touch $@
+	bash scripts/venv.sh
+	rm -f $(VENV)/.installed-*
+	touch $@
 
 venv: $(STAMP)
 
 run: venv
 	$(PY) scripts/run.py
 
-test: venv
+services:
 	bash scripts/test-services.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: venv
-	bash scripts/test-services.sh
-	$(PY) -m benchmarks
+# var/test-env (written by test-services.sh) carries what pytest needs to reach the services it started,
+# e.g. DATABASE_URL with a password on a machine where PostgreSQL does not trust local TCP connections.
+# pytest exits 5 when it collected no tests: that is a failure here, never a silent green.
+test: venv services
+	# HOOK (issue 3): build the container images the tests launch (the CPU JupyterLab image; once per hash).
+	if [ -f scripts/build-images.sh ]; then PYTHON=$(PY) bash scripts/build-images.sh; fi
+	set -a; if [ -f var/test-env ]; then . var/test-env; fi; set +a; \
+	  $(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
+	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests; failing" >&2; exit 1; fi; \
+	  exit $$status
+
+bench: venv services
+	if [ -f scripts/build-images.sh ]; then PYTHON=$(PY) bash scripts/build-images.sh; fi
+	set -a; if [ -f var/test-env ]; then . var/test-env; fi; set +a; $(PY) -m benchmarks
+
+# Needs a running portal (`make run` in another terminal); writes docs/screenshots/*.png.
+screenshots: venv
+	$(PY) scripts/screenshots.py
 
 clean:
 	rm -rf $(VENV) var

@@ -7,7 +7,10 @@ from .base import SECRET_KEY, env
 
 DEBUG = False
 if SECRET_KEY.startswith("insecure") or len(SECRET_KEY) < 50:
-    raise ImproperlyConfigured("Set SECRET_KEY to a random string of at least 50 characters.")
+    raise ImproperlyConfigured(
+        "SECRET_KEY is unset or insecure. Set it to a random string of at least 50 characters, e.g. the "
+        "output of: python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    )
 
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -16,3 +19,6 @@ CSRF_COOKIE_SECURE = True
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
+# Production is HTTPS only, so GitHub's OAuth callback URL must be https:// even when the TLS proxy in
+# front forgets X-Forwarded-Proto; otherwise GitHub refuses the redirect_uri as a mismatch.
+SOCIAL_AUTH_REDIRECT_IS_HTTPS = True
