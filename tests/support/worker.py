@@ -18,6 +18,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+import kombu.pools
+
 from django.conf import settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,6 +183,9 @@ def _reset_publisher(app) -> None:
         app._pool.force_close_all()
     app._pool = None
     app.__dict__.pop("amqp", None)
+    # kombu caches pools by URL even once closed; a later publish to the same URL would get
+    # "Acquire on closed pool".
+    kombu.pools.reset()
 
 
 @contextmanager

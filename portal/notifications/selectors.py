@@ -1,0 +1,58 @@
+"""Reads of notifications. Every one is scoped to one user: nobody reads another user's notifications."""
+
+from dataclasses import dataclass
+
+from . import kinds
+from .models import OPTIONAL_KINDS, EmailOptOut, Kind, Notification
+
+# How many notifications the full list shows; older ones stay in the database for the operators.
+LIST_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A notification as a page shows it: the record plus its rendered text and link."""
+
+    notification: Notification
+    subject: str
+    body: str
+    action_url: str
+    action_label: str
+
+    @property
+    def is_unread(self) -> bool:
+        return self.notification.is_unread
+
+
+def _shown(notifications) -> list[Shown]:
+    shown = []
+    for notification in notifications:
+        rendered = kinds.render(notification)
+        shown.append(
+            Shown(notification, rendered.subject, rendered.body, rendered.action_url, rendered.action_label)
+        )
+    return shown
+
+
+def recent_for(user, limit: int = 5) -> list[Shown]:
+    """The user's newest `limit` notifications, newest first, rendered for the dashboard."""
+    return _shown(Notification.objects.filter(user_id=user.pk).select_related("user")[:limit])
+
+
+def all_for(user, limit: int = LIST_LIMIT) -> list[Shown]:
+    """The user's notifications for the full list, newest first, at most `limit`."""
+    return recent_for(user, limit=limit)
+
+
+def unread_count(user) -> int:
+    return Notification.objects.filter(user_id=user.pk, read_at__isnull=True).count()
+
+
+def emailed_kinds(user) -> set[str]:
+    """The optional kinds the user gets by email (the mandatory ones always are)."""
+    off = set(EmailOptOut.objects.filter(user_id=user.pk).values_list("kind", flat=True))
+    return {kind.value for kind in OPTIONAL_KINDS} - off
+
+
+def mandatory_kinds() -> list[Kind]:
+    return [kind for kind in Kind if kind not in OPTIONAL_KINDS]
