@@ -8,8 +8,6 @@ import base64
 import hashlib
 import logging
 
-import kombu.exceptions
-import redis.exceptions
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from axes.utils import reset as axes_reset
 from cryptography.hazmat.primitives import serialization
@@ -27,6 +25,7 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
 from portal.credits.services import credits_grant_signup
+from portal.lib.tasks import publish
 
 from .models import SshKey, User
 from .tokens import TokenState, email_change_tokens, email_verification_tokens, password_reset_tokens
@@ -34,7 +33,6 @@ from .tokens import TokenState, email_change_tokens, email_verification_tokens, 
 log = logging.getLogger(__name__)
 
 # What a publish raises when Redis is down or unreachable. Sign-up must not fail because of it.
-BROKER_ERRORS = (kombu.exceptions.OperationalError, redis.exceptions.RedisError, ConnectionError)
 
 EMAIL_TAKEN = "An account with this email address already exists. Log in, or reset your password."
 RSA_MIN_BITS = 2048
@@ -227,14 +225,7 @@ def email_send_later(*, kind: str, user_id: int) -> None:
 def _email_publish(*, kind: str, user_id: int) -> None:
     from .tasks import send_email
 
-    try:
-        send_email.delay(kind, user_id)
-    except BROKER_ERRORS as error:
-        log.warning("Broker unreachable (%s); sending the %s email to user %s inline", error, kind, user_id)
-        try:
-            email_send(kind=kind, user_id=user_id)
-        except Exception:
-            log.exception("Could not send the %s email to user %s", kind, user_id)
+    publish(send_email, args=[kind, user_id], inline=lambda: email_send(kind=kind, user_id=user_id))
 
 
 def _uid(user) -> str:

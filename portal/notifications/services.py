@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from portal.credits.models import GPU_SECONDS_PER_HOUR, BonusApplication, LedgerEntry, hours
 from portal.instances.sizes import SIZES
+from portal.lib.tasks import publish
 
 from . import kinds
 from .kinds import StopReason  # noqa: F401 -- re-exported for callers
@@ -88,21 +89,13 @@ def _email_wanted(user, kind: str) -> bool:
 
 
 def _publish(notification_id: int) -> None:
-    """Hand the email to a worker; when the broker is unreachable, send it from this process."""
-    # Imported here: accounts.services imports credits.services, which calls into this module.
-    from portal.accounts.services import BROKER_ERRORS
+    """Hand the email to a worker; when the broker is unreachable, send it from this process.
 
+    An inline send that fails is recorded on the row by notification_email_send; nothing retries it.
+    """
     from .tasks import send
 
-    try:
-        send.apply_async(args=[notification_id], retry=False)
-    except BROKER_ERRORS as error:
-        log.warning("Broker unreachable (%s); sending notification %s inline", error, notification_id)
-        try:
-            notification_email_send(notification_id=notification_id)
-        except Exception:
-            # Recorded on the row by notification_email_send; nothing retries an inline send.
-            log.exception("Could not send notification %s", notification_id)
+    publish(send, args=[notification_id], inline=lambda: notification_email_send(notification_id=notification_id))
 
 
 def notification_email_send(*, notification_id: int) -> bool:

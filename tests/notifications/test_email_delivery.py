@@ -134,7 +134,7 @@ def test_it_never_fails_the_caller_when_the_broker_and_the_mail_server_are_down(
     notification.refresh_from_db()
     assert notification.emailed_at is None
     assert "ConnectionRefusedError" in notification.email_error
-    assert "Could not send notification" in caplog.text
+    assert "Running notifications.send inline failed" in caplog.text
 
 
 @pytest.mark.slow
