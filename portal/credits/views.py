@@ -25,6 +25,7 @@ def dashboard(request):
             "offers": selectors.size_offers(balance),
             "application_counts": selectors.application_counts_for(request.user),
             "signup_grant_hours": hours(program.gpu_seconds) if program else None,
+            "credits_notice": credits_exhausted_notice(request.user),
         },
     )
 

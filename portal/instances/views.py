@@ -1,9 +1,88 @@
-from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+"""Instance pages: the list with the launch form, an instance's live progress, launch and stop.
 
-from .sizes import SIZES
+Every view that takes an instance id looks it up through selectors.instance_of_owner, which answers
+404 for someone else's instance exactly as for one that does not exist.
+"""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import JsonResponse
+from django.shortcuts import redirect, render
+from django.utils.cache import add_never_cache_headers
+from django.views.decorators.http import require_GET, require_POST
+
+from . import selectors, services
+from .forms import LaunchForm
+
+
+def _list_page(request, form, *, status=200):
+    context = {
+        "form": form,
+        "options": selectors.launch_options(request.user),
+        "instances": selectors.instances_of(request.user),
+        "credits_notice": selectors.credits_exhausted_notice(request.user),
+    }
+    return render(request, "instances/list.html", context, status=status)
 
 
 @login_required
+@require_GET
 def instance_list(request):
-    return render(request, "instances/list.html", {"sizes": SIZES.values()})
+    # The dashboard links here with ?size=8x to preselect that size.
+    return _list_page(request, LaunchForm(initial={"size": request.GET.get("size", "")}))
+
+
+@login_required
+@require_POST
+def instance_launch(request):
+    form = LaunchForm(request.POST)
+    if form.is_valid():
+        try:
+            instance = services.instance_launch(
+                user=request.user, size=form.cleaned_data["size"], image_key=form.cleaned_data["image"]
+            )
+        except services.LaunchUnavailable as error:
+            form.add_error(None, error)
+            return _list_page(request, form, status=503)
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            messages.success(request, "Launch queued. This page follows its progress.")
+            return redirect("instances:detail", instance_id=instance.id)
+    return _list_page(request, form, status=400)
+
+
+@login_required
+@require_GET
+def instance_detail(request, instance_id):
+    instance = selectors.instance_of_owner(request.user, instance_id)
+    return render(
+        request,
+        "instances/detail.html",
+        {"instance": instance, "status": selectors.instance_status(instance)},
+    )
+
+
+@login_required
+@require_GET
+def instance_status(request, instance_id):
+    instance = selectors.instance_of_owner(request.user, instance_id)
+    response = JsonResponse(selectors.instance_status(instance))
+    add_never_cache_headers(response)
+    return response
+
+
+@login_required
+@require_POST
+def instance_stop(request, instance_id):
+    try:
+        instance = services.instance_stop(user=request.user, instance_id=instance_id)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("instances:detail", instance_id=instance_id)
+    if instance.state == instance.State.STOPPED:
+        messages.success(request, "Stopped before it started. Nothing was charged.")
+    else:
+        messages.success(request, "Stopping. Billing has stopped; your /workspace files are kept.")
+    return redirect("instances:detail", instance_id=instance.id)

@@ -209,6 +209,10 @@ DEVCLOUD_LOCAL_ROOT = env("DEVCLOUD_LOCAL_ROOT", default=str(BASE_DIR / "var"))
 # A launch needs at least this many minutes of credit at its size, after what the user's other live
 # instances will burn in the same window.
 LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
+# How many instances (queued, provisioning, running or stopping) one user may have at once.
+MAX_LIVE_INSTANCES_PER_USER = env.int("MAX_LIVE_INSTANCES_PER_USER", default=4)
+# Sizes a user may launch only after a bonus application was approved, e.g. "8x".
+SIZES_REQUIRING_BONUS = env.list("SIZES_REQUIRING_BONUS", default=[])
 # How long provisioning waits for JupyterLab to answer /api/status before failing the launch.
 READY_TIMEOUT_SECONDS = env.int("READY_TIMEOUT_SECONDS", default=180)
 # How often beat charges running instances and compares the database with each host.
@@ -251,9 +255,22 @@ LOGGING = {
 }
 
 CELERY_BEAT_SCHEDULE = {
-    "meter-tick": {"task": "provisioning.meter_tick", "schedule": float(METER_TICK_SECONDS)},
-    "reconcile": {"task": "provisioning.reconcile", "schedule": float(RECONCILE_SECONDS)},
-    "start-queued": {"task": "provisioning.start_queued", "schedule": float(METER_TICK_SECONDS)},
+    # Each entry expires after one interval, so ticks do not pile up while the workers are down.
+    "meter-tick": {
+        "task": "provisioning.meter_tick",
+        "schedule": float(METER_TICK_SECONDS),
+        "options": {"expires": METER_TICK_SECONDS},
+    },
+    "reconcile": {
+        "task": "provisioning.reconcile",
+        "schedule": float(RECONCILE_SECONDS),
+        "options": {"expires": RECONCILE_SECONDS},
+    },
+    "start-queued": {
+        "task": "provisioning.start_queued",
+        "schedule": float(METER_TICK_SECONDS),
+        "options": {"expires": METER_TICK_SECONDS},
+    },
 }
 # How often beat records a capacity sample (GPUs allocated/total, launch queue) for the console's charts.
 CONSOLE_SAMPLE_SECONDS = env.int("CONSOLE_SAMPLE_SECONDS", default=300)

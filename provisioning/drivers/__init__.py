@@ -6,6 +6,8 @@ from django.utils.module_loading import import_string
 DRIVERS = {
     "docker": "provisioning.drivers.docker.DockerDriver",
     "local": "provisioning.drivers.local.LocalDriver",
+    # Test double that fails in set ways (slow, never ready, crashes, engine down).
+    "fake": "provisioning.drivers.fake.FakeDriver",
 }
 
 

@@ -33,14 +33,11 @@ def test_it_shows_both_sizes_with_price_and_how_long_the_balance_lasts(alice, al
     assertContains(response, "<strong>3 h 07 min</strong>", html=True)
 
 
-def test_it_disables_launch_and_says_it_is_not_yet_available(alice_client):
+def test_it_offers_a_launch_link_for_each_size(alice_client):
     response = alice_client.get("/")
 
-    launch = (
-        '<button class="btn" type="button" disabled title="Launching is not yet available">'
-        "Launch (not yet available)</button>"
-    )
-    assertContains(response, launch, count=2, html=True)
+    assertContains(response, 'href="/instances/?size=1x"')
+    assertContains(response, 'href="/instances/?size=8x"')
 
 
 def test_it_shows_each_movement_with_sign_balance_after_and_operator(alice, alice_client, olivia):

@@ -1,0 +1,374 @@
+"""Metering: running instances are charged GPUs × seconds, from the moment they turn ready until they stop.
+
+How the money moves (design.md, "Credits: Metering"):
+- `Instance.metered_until` is where charging got to. It starts at ready_at; nothing before ready is
+  ever charged, so failed and never-ready instances cost nothing.
+- The beat tick (`meter_tick`) charges every running instance from metered_until to now, in whole
+  seconds, and moves metered_until forward in the same transaction as the ledger entry. The entry's
+  idempotency key names the instance and the period's start, so a period can never be charged twice.
+- Leaving RUNNING (a stop, credits running out) charges the rest in the same transaction as the state
+  change (`charge_until`), so after that the tick never sees the instance again.
+- The balance never goes below minus one tick's worth: a charge that would take the owner below
+  `-(their running GPUs × METER_TICK_SECONDS)` is cut to that floor, and the rest is waived (the
+  instance is stopped in the same tick, so what is waived is at most what accrued while beat was late).
+- After charging, every live instance of an owner whose balance is at or below zero is stopped with
+  stop_reason "credits exhausted".
+
+Lock order everywhere: the owner's CreditAccount, then the Instance rows (launch and stop follow it too).
+"""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import groupby
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, IntegerField, Sum, Value, When
+from django.utils import timezone
+
+from portal.instances.models import Instance, InstanceEvent
+from portal.instances.sizes import SIZES
+
+from .models import CreditAccount, LedgerEntry
+from .services import ledger_post
+
+logger = logging.getLogger(__name__)
+
+STOP_REASON_CREDITS = "credits exhausted"
+# Instances charged per transaction. Each batch takes its owners' account locks for one short
+# transaction; a user's instances always fall in the same batch.
+BATCH_SIZE = 1000
+
+
+def usage_key(instance_id, period_start: datetime) -> str:
+    """The idempotency key of the charge for one instance's period starting at `period_start`."""
+    return f"usage:{instance_id}:{period_start.isoformat()}"
+
+
+def gpus_of(size: str) -> int:
+    return SIZES[size].gpus
+
+
+def debt_floor(running_gpus: int) -> int:
+    """The lowest balance metering may leave: minus one tick's worth of the owner's running GPUs."""
+    return -max(running_gpus, 1) * settings.METER_TICK_SECONDS
+
+
+def running_gpus_expression():
+    """GPUs of an instance's size, as SQL, for sums over many instances."""
+    return Case(
+        *[When(size=key, then=Value(size.gpus)) for key, size in SIZES.items()],
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+
+
+@dataclass
+class PeriodCharge:
+    """What one instance owes for one period, after the debt floor."""
+
+    gpu_seconds: int
+    period_start: datetime
+    period_end: datetime
+    # GPU-seconds not charged because of the debt floor.
+    waived: int = 0
+
+
+def period_charge(*, instance, until: datetime, balance: int, floor: int) -> PeriodCharge | None:
+    """The charge from instance.metered_until to `until`, in whole seconds; None when nothing accrued.
+
+    The period ends on a whole second after metered_until, so the fraction left over is charged by
+    the next period and nothing is lost or charged twice.
+    """
+    if instance.metered_until is None or until <= instance.metered_until:
+        return None
+    seconds = int((until - instance.metered_until).total_seconds())
+    if seconds <= 0:
+        return None
+    owed = seconds * gpus_of(instance.size)
+    charged = max(0, min(owed, balance - floor))
+    return PeriodCharge(
+        gpu_seconds=charged,
+        period_start=instance.metered_until,
+        period_end=instance.metered_until + timedelta(seconds=seconds),
+        waived=owed - charged,
+    )
+
+
+def _usage_reason(instance: Instance, charge: PeriodCharge) -> str:
+    seconds = int((charge.period_end - charge.period_start).total_seconds())
+    reason = f"{SIZES[instance.size].name} instance {instance.short_id}: {seconds} s"
+    if charge.waived:
+        reason += f" ({charge.waived} GPU-seconds waived at the debt floor)"
+    return reason
+
+
+def charge_until(*, instance: Instance, until: datetime) -> int:
+    """Charge one RUNNING instance up to `until` and move its metered_until there. Returns GPU-seconds charged.
+
+    For the moment an instance leaves RUNNING (stop) or a teardown that finds charging behind. The
+    caller runs inside transaction.atomic() and has locked the owner's CreditAccount and then the
+    instance row (select_for_update), in that order. Idempotent per period through the ledger key.
+    """
+    account = CreditAccount.objects.select_for_update().get(user_id=instance.user_id)
+    running_gpus = (
+        Instance.objects.filter(user_id=instance.user_id, state=Instance.State.RUNNING).aggregate(
+            gpus=Sum(running_gpus_expression())
+        )["gpus"]
+        or 0
+    )
+    charge = period_charge(
+        instance=instance,
+        until=until,
+        balance=account.balance_gpu_seconds,
+        floor=debt_floor(max(running_gpus, gpus_of(instance.size))),
+    )
+    if charge is None:
+        return 0
+    if charge.gpu_seconds:
+        ledger_post(
+            user=instance.user,
+            kind=LedgerEntry.Kind.USAGE,
+            gpu_seconds=-charge.gpu_seconds,
+            idempotency_key=usage_key(instance.id, charge.period_start),
+            reason=_usage_reason(instance, charge),
+        )
+    instance.metered_until = charge.period_end
+    instance.charged_gpu_seconds += charge.gpu_seconds
+    Instance.objects.filter(pk=instance.pk).update(
+        metered_until=instance.metered_until, charged_gpu_seconds=instance.charged_gpu_seconds
+    )
+    return charge.gpu_seconds
+
+
+@dataclass
+class TickResult:
+    """What one meter tick did."""
+
+    instances_charged: int = 0
+    gpu_seconds: int = 0
+    gpu_seconds_waived: int = 0
+    # Instances moved to STOPPING because their owner ran out; the caller enqueues their teardown.
+    stopping_ids: list = field(default_factory=list)
+    # Queued instances of owners who ran out, stopped before they ever started.
+    stopped_queued_ids: list = field(default_factory=list)
+
+
+def meter_tick(now: datetime | None = None, *, batch_size: int = BATCH_SIZE) -> TickResult:
+    """Charge every running instance up to `now` and stop the instances of owners who ran out.
+
+    Returns a TickResult; the caller enqueues a teardown for each of `stopping_ids` (and releases the
+    GPUs of `stopped_queued_ids`). Safe to run twice or concurrently: each batch re-reads metered_until
+    under the row locks, so a second run charges only what accrued since the first.
+
+    Scales with batches: per batch of up to `batch_size` instances it runs a fixed number of queries
+    (lock the accounts, lock the instances, one bulk insert of ledger entries, one update each for
+    accounts and instances, and the stops), whatever the number of instances or owners. It writes
+    ledger entries in bulk rather than through ledger_post() one by one for that reason; the entries
+    are the same (kind usage, unique idempotency key, balance_after, reason).
+    """
+    now = now or timezone.now()
+    result = TickResult()
+    running = (
+        Instance.objects.filter(state=Instance.State.RUNNING, metered_until__isnull=False)
+        .order_by("user_id", "id")
+        .values_list("user_id", "id")
+    )
+    for batch in _batches_by_owner(running.iterator(chunk_size=5000), batch_size):
+        _charge_batch(batch, now, result)
+    return result
+
+
+def _batches_by_owner(rows, batch_size):
+    """Group (user_id, instance_id) rows, sorted by user, into batches that never split an owner."""
+    batch: dict[int, list] = {}
+    count = 0
+    for user_id, owned in groupby(rows, key=lambda row: row[0]):
+        ids = [instance_id for _, instance_id in owned]
+        if count and count + len(ids) > batch_size:
+            yield batch
+            batch, count = {}, 0
+        batch[user_id] = ids
+        count += len(ids)
+    if batch:
+        yield batch
+
+
+@dataclass(slots=True)
+class _Metered:
+    """The columns of a running instance a tick needs; cheaper than a model instance, times thousands."""
+
+    id: object
+    user_id: int
+    size: str
+    metered_until: datetime
+    charged_gpu_seconds: int
+
+    @property
+    def short_id(self) -> str:
+        return str(self.id)[:8]
+
+
+def _charge_batch(batch: dict[int, list], now: datetime, result: TickResult) -> None:
+    user_ids = sorted(batch)
+    missing = set(user_ids) - set(
+        CreditAccount.objects.filter(user_id__in=user_ids).values_list("user_id", flat=True)
+    )
+    for user_id in missing:
+        # An owner without an account cannot have launched through instance_launch; make one so the
+        # charge has somewhere to go rather than letting the instance run free.
+        CreditAccount.objects.get_or_create(user_id=user_id)
+    with transaction.atomic():
+        # user_id -> [account id, balance], locked in id order like every other path that locks accounts.
+        accounts = {
+            user_id: [account_id, balance]
+            for account_id, user_id, balance in CreditAccount.objects.select_for_update()
+            .filter(user_id__in=user_ids)
+            .order_by("id")
+            .values_list("id", "user_id", "balance_gpu_seconds")
+        }
+        instances = [
+            _Metered(*row)
+            for row in Instance.objects.select_for_update()
+            .filter(id__in=[i for ids in batch.values() for i in ids], state=Instance.State.RUNNING)
+            .order_by("user_id", "id")
+            .values_list("id", "user_id", "size", "metered_until", "charged_gpu_seconds")
+        ]
+        running_gpus: dict[int, int] = {}
+        for instance in instances:
+            running_gpus[instance.user_id] = running_gpus.get(instance.user_id, 0) + gpus_of(instance.size)
+
+        entries, changed, charged_users = [], [], set()
+        for instance in instances:
+            account = accounts[instance.user_id]
+            charge = period_charge(
+                instance=instance,
+                until=now,
+                balance=account[1],
+                floor=debt_floor(running_gpus[instance.user_id]),
+            )
+            if charge is None:
+                continue
+            instance.metered_until = charge.period_end
+            instance.charged_gpu_seconds += charge.gpu_seconds
+            changed.append(instance)
+            result.gpu_seconds_waived += charge.waived
+            if charge.waived:
+                logger.warning("Waived %s GPU-seconds of %s at the debt floor", charge.waived, instance.id)
+            if not charge.gpu_seconds:
+                continue
+            account[1] -= charge.gpu_seconds
+            charged_users.add(instance.user_id)
+            entries.append(
+                LedgerEntry(
+                    account_id=account[0],
+                    kind=LedgerEntry.Kind.USAGE,
+                    gpu_seconds=-charge.gpu_seconds,
+                    balance_after=account[1],
+                    idempotency_key=usage_key(instance.id, charge.period_start),
+                    reason=_usage_reason(instance, charge),
+                    actor_name="system",
+                )
+            )
+            result.instances_charged += 1
+            result.gpu_seconds += charge.gpu_seconds
+
+        if entries:
+            LedgerEntry.objects.bulk_create(entries, batch_size=1000)
+            _save_balances([accounts[user_id] for user_id in charged_users], now)
+        if changed:
+            _save_metering(changed)
+
+        exhausted = [user_id for user_id, (_, balance) in accounts.items() if balance <= 0]
+        if exhausted:
+            _stop_exhausted(exhausted, now, result)
+
+
+def _save_balances(balances: list, now: datetime) -> None:
+    """Write [account id, balance] pairs in one UPDATE. On PostgreSQL from arrays: Django's bulk_update
+    builds a CASE per row, which costs seconds per thousand rows to compile."""
+    if connection.vendor != "postgresql":
+        CreditAccount.objects.bulk_update(
+            [CreditAccount(pk=pk, balance_gpu_seconds=balance, updated_at=now) for pk, balance in balances],
+            ["balance_gpu_seconds", "updated_at"],
+            batch_size=500,
+        )
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {CreditAccount._meta.db_table} AS account "
+            "SET balance_gpu_seconds = new.balance, updated_at = %s "
+            "FROM unnest(%s::bigint[], %s::bigint[]) AS new(id, balance) WHERE account.id = new.id",
+            [now, [pk for pk, _ in balances], [balance for _, balance in balances]],
+        )
+
+
+def _save_metering(instances: list[_Metered]) -> None:
+    """One UPDATE of metered_until and charged_gpu_seconds for many instances (see _save_balances)."""
+    if connection.vendor != "postgresql":
+        Instance.objects.bulk_update(
+            [
+                Instance(pk=i.id, metered_until=i.metered_until, charged_gpu_seconds=i.charged_gpu_seconds)
+                for i in instances
+            ],
+            ["metered_until", "charged_gpu_seconds"],
+            batch_size=500,
+        )
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Instance._meta.db_table} AS instance "
+            "SET metered_until = new.metered_until, charged_gpu_seconds = new.charged "
+            "FROM unnest(%s::uuid[], %s::timestamptz[], %s::bigint[]) AS new(id, metered_until, charged) "
+            "WHERE instance.id = new.id",
+            [
+                [i.id for i in instances],
+                [i.metered_until for i in instances],
+                [i.charged_gpu_seconds for i in instances],
+            ],
+        )
+
+
+def _stop_exhausted(user_ids: list[int], now: datetime, result: TickResult) -> None:
+    """Stop every live instance of these owners: running and provisioning ones go to STOPPING for a
+    teardown, queued ones straight to STOPPED (they never started, so there is nothing to tear down).
+
+    Runs inside the batch's transaction, under the owners' account locks.
+    """
+    live = Instance.objects.filter(user_id__in=user_ids)
+    stopping = list(
+        live.filter(state__in=[Instance.State.RUNNING, Instance.State.PROVISIONING]).values_list(
+            "id", flat=True
+        )
+    )
+    queued = list(live.filter(state=Instance.State.QUEUED).values_list("id", flat=True))
+    if stopping:
+        Instance.objects.filter(
+            id__in=stopping, state__in=[Instance.State.RUNNING, Instance.State.PROVISIONING]
+        ).update(state=Instance.State.STOPPING, stop_reason=STOP_REASON_CREDITS, state_changed_at=now)
+    if queued:
+        Instance.objects.filter(id__in=queued, state=Instance.State.QUEUED).update(
+            state=Instance.State.STOPPED,
+            stop_reason=STOP_REASON_CREDITS,
+            stopped_at=now,
+            state_changed_at=now,
+        )
+    message = "Your credits ran out, so DevCloud stopped this instance. Add credits to launch again."
+    InstanceEvent.objects.bulk_create(
+        [InstanceEvent(instance_id=i, state=Instance.State.STOPPING, message=message) for i in stopping]
+        + [InstanceEvent(instance_id=i, state=Instance.State.STOPPED, message=message) for i in queued]
+    )
+    result.stopping_ids.extend(stopping)
+    result.stopped_queued_ids.extend(queued)
+
+
+def account_locked(user_id) -> CreditAccount:
+    """Lock and return a user's account, creating it first if needed. Call inside transaction.atomic()."""
+    account_for_id(user_id)
+    return CreditAccount.objects.select_for_update().get(user_id=user_id)
+
+
+def account_for_id(user_id) -> CreditAccount:
+    account, _ = CreditAccount.objects.get_or_create(user_id=user_id)
+    return account

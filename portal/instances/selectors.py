@@ -1,0 +1,336 @@
+"""Reads for instance pages: the launch options a user has, their instances, and an instance's progress."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.http import Http404
+from django.utils import timezone
+
+from portal.credits.models import GPU_SECONDS_PER_HOUR, CreditAccount, hours
+from portal.gateway import lab_path
+
+from .models import Image, Instance
+from .sizes import SIZES, Size
+
+# States that will burn credit: queued and provisioning instances are about to, running ones do.
+BURNING_STATES = (Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING)
+# The progress a person watches, in order; failed and stopped are shown beside it, not as steps.
+PROGRESS_STEPS = [
+    Instance.Step.QUEUED,
+    Instance.Step.ALLOCATING,
+    Instance.Step.STARTING,
+    Instance.Step.WAITING,
+    Instance.Step.READY,
+]
+STOP_REASON_TEXT = {
+    "user": "You stopped it.",
+    "credits exhausted": "DevCloud stopped it because your credits ran out. Add credits (apply for bonus hours) "
+    "to launch again.",
+    "operator": "An operator stopped it.",
+    "idle": "It was stopped because it was idle.",
+}
+
+
+def launch_window_seconds() -> int:
+    """The credit a launch must cover, in wall-clock seconds (LAUNCH_MIN_CREDIT_MINUTES)."""
+    return settings.LAUNCH_MIN_CREDIT_MINUTES * 60
+
+
+def launch_minimum_gpu_seconds(size: Size) -> int:
+    return size.gpus * launch_window_seconds()
+
+
+def _burning(user, now: datetime) -> tuple[int, int]:
+    """(GPUs of the user's queued, provisioning and running instances, GPU-seconds burned but not yet charged)."""
+    gpus_total, unbilled = 0, 0
+    rows = Instance.objects.filter(user=user, state__in=BURNING_STATES).values_list(
+        "size", "state", "metered_until"
+    )
+    for size_key, state, metered_until in rows:
+        gpus = SIZES[size_key].gpus
+        gpus_total += gpus
+        if state == Instance.State.RUNNING and metered_until is not None and now > metered_until:
+            unbilled += gpus * int((now - metered_until).total_seconds())
+    return gpus_total, unbilled
+
+
+def committed_gpu_seconds(user, *, now: datetime | None = None) -> int:
+    """Credit the user's live instances will use within the launch window, in GPU-seconds.
+
+    Each queued, provisioning or running instance counts its GPUs × the window, and a running one also
+    counts what it has burned since its last charge (metered_until to now), which the balance does not
+    show yet.
+    """
+    gpus, unbilled = _burning(user, now or timezone.now())
+    return gpus * launch_window_seconds() + unbilled
+
+
+def running_gpus_of(user) -> int:
+    """GPUs of the user's queued, provisioning and running instances."""
+    return _burning(user, timezone.now())[0]
+
+
+def duration_text(seconds: int) -> str:
+    """e.g. '25 h 00 min', '12 min', 'less than a minute'."""
+    minutes = max(seconds, 0) // 60
+    if minutes < 1:
+        return "less than a minute"
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+@dataclass(frozen=True)
+class SizeOption:
+    """A size as the launch form offers it to one user."""
+
+    size: Size
+    # GPU-seconds the user may spend on a new launch: balance minus what other live instances will burn.
+    available_gpu_seconds: int
+    # GPUs the user's other live instances burn alongside.
+    other_gpus: int
+    # The balance minus what running instances burned since their last charge.
+    runway_gpu_seconds: int = 0
+    allowed_message: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.size.key
+
+    @property
+    def gpu_hours_per_hour(self) -> int:
+        return self.size.gpu_hours_per_hour
+
+    @property
+    def needed_gpu_seconds(self) -> int:
+        return launch_minimum_gpu_seconds(self.size)
+
+    @property
+    def shortfall_gpu_seconds(self) -> int:
+        return max(self.needed_gpu_seconds - self.available_gpu_seconds, 0)
+
+    @property
+    def lasts_seconds(self) -> int:
+        """How long the balance lasts at this size, running next to the user's other live instances."""
+        return max(self.runway_gpu_seconds, 0) // (self.size.gpus + self.other_gpus)
+
+    @property
+    def lasts(self) -> str:
+        return duration_text(self.lasts_seconds)
+
+    @property
+    def can_launch(self) -> bool:
+        return not self.allowed_message and self.shortfall_gpu_seconds == 0
+
+    @property
+    def refusal(self) -> str:
+        """Why this size cannot be launched now, in words a person can act on; '' when it can."""
+        if self.allowed_message:
+            return self.allowed_message
+        if not self.shortfall_gpu_seconds:
+            return ""
+        return shortfall_message(
+            self.size, self.needed_gpu_seconds, self.available_gpu_seconds, self.other_gpus
+        )
+
+
+def shortfall_message(size: Size, needed: int, available: int, other_gpus: int) -> str:
+    minutes = settings.LAUNCH_MIN_CREDIT_MINUTES
+    after = " after what your other instances will use in that time" if other_gpus else ""
+    return (
+        f"A {size.name} launch needs at least {hours(needed)} GPU-hours ({minutes} minutes at "
+        f"{size.gpu_hours_per_hour} GPU-hour{'s' if size.gpu_hours_per_hour != 1 else ''} per hour); you have "
+        f"{hours(max(available, 0))}{after}. You are {hours(needed - max(available, 0))} GPU-hours short."
+    )
+
+
+def size_policy_message(user, size: Size) -> str:
+    """Why the operators' settings do not let this user launch this size; '' when they do.
+
+    SIZES_REQUIRING_BONUS (e.g. ["8x"]) names sizes open only to people with an approved bonus application.
+    """
+    if size.key in getattr(settings, "SIZES_REQUIRING_BONUS", []):
+        from portal.credits.models import BonusApplication
+
+        if not BonusApplication.objects.filter(user=user, status=BonusApplication.Status.APPROVED).exists():
+            return f"{size.name} opens once an operator approves one of your bonus-hour applications."
+    return ""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    balance_gpu_seconds: int
+    committed_gpu_seconds: int
+    sizes: list[SizeOption]
+    images: list[Image]
+    verified: bool
+    live_count: int
+    live_limit: int
+
+    @property
+    def balance_hours(self) -> str:
+        return hours(self.balance_gpu_seconds)
+
+    @property
+    def min_minutes(self) -> int:
+        return settings.LAUNCH_MIN_CREDIT_MINUTES
+
+    @property
+    def can_launch(self) -> bool:
+        return self.verified and self.live_count < self.live_limit and any(o.can_launch for o in self.sizes)
+
+    @property
+    def refusal(self) -> str:
+        """Why the Launch button is disabled; '' when it is not."""
+        if not self.verified:
+            return "Confirm your email address to launch instances."
+        if self.live_count >= self.live_limit:
+            return (
+                f"You have {self.live_count} instances running or starting, the most allowed at once. "
+                "Stop one to launch another."
+            )
+        if not any(o.can_launch for o in self.sizes):
+            cheapest = min(self.sizes, key=lambda option: option.needed_gpu_seconds)
+            return cheapest.refusal
+        return ""
+
+
+def live_limit() -> int:
+    """How many live instances one person may have at once (MAX_LIVE_INSTANCES_PER_USER, default 4)."""
+    return getattr(settings, "MAX_LIVE_INSTANCES_PER_USER", 4)
+
+
+def launchable_images():
+    return list(Image.objects.filter(is_enabled=True))
+
+
+def launch_options(user, *, now: datetime | None = None) -> LaunchOptions:
+    """What the launch form offers `user`: each size's price, how long the balance lasts, and any shortfall."""
+    account = CreditAccount.objects.filter(user=user).first()
+    balance = account.balance_gpu_seconds if account else 0
+    other_gpus, unbilled = _burning(user, now or timezone.now())
+    committed = other_gpus * launch_window_seconds() + unbilled
+    live_count = Instance.objects.filter(user=user, state__in=BURNING_STATES).count()
+    options = [
+        SizeOption(
+            size=size,
+            available_gpu_seconds=balance - committed,
+            other_gpus=other_gpus,
+            runway_gpu_seconds=balance - unbilled,
+            allowed_message=size_policy_message(user, size),
+        )
+        for size in SIZES.values()
+    ]
+    return LaunchOptions(
+        balance_gpu_seconds=balance,
+        committed_gpu_seconds=committed,
+        sizes=options,
+        images=launchable_images(),
+        verified=user.email_verified,
+        live_count=live_count,
+        live_limit=live_limit(),
+    )
+
+
+def instance_of_owner(user, instance_id) -> Instance:
+    """The user's own instance. Raises Http404 for an unknown id and for someone else's instance alike,
+    so a guessed id tells nobody whether it exists."""
+    instance = (
+        Instance.objects.select_related("image", "host").filter(id=instance_id, user=user).first()
+        if getattr(user, "is_authenticated", False)
+        else None
+    )
+    if instance is None:
+        raise Http404("No such instance.")
+    return instance
+
+
+def instances_of(user, *, ended_limit: int = 20) -> list[Instance]:
+    """The user's live instances (newest first), then their latest `ended_limit` stopped or failed ones."""
+    base = Instance.objects.filter(user=user).select_related("image").order_by("-created_at")
+    live = list(base.filter(state__in=Instance.LIVE_STATES))
+    ended = list(base.exclude(state__in=Instance.LIVE_STATES)[:ended_limit])
+    for instance in live + ended:
+        # For the instance card, which cannot call functions with arguments.
+        instance.queue_position = queue_position(instance)
+        instance.stop_reason_text = stop_reason_text(instance)
+        instance.lab_url = lab_url(instance)
+    return live + ended
+
+
+def credits_exhausted_notice(user) -> Instance | None:
+    """The instance to tell the user about when their latest instance was stopped because credits ran out.
+
+    None when their most recent instance ended for another reason, or is still live.
+    """
+    latest = Instance.objects.filter(user=user).order_by("-created_at").first()
+    if latest is not None and latest.stop_reason == "credits exhausted":
+        return latest
+    return None
+
+
+def queue_position(instance: Instance) -> int | None:
+    if instance.state != Instance.State.QUEUED:
+        return None
+    from provisioning import scheduler
+
+    return scheduler.queue_position(instance)
+
+
+def lab_url(instance: Instance) -> str:
+    """Where the owner opens JupyterLab: the portal's gateway route. Never carries the token."""
+    return lab_path(instance.id)
+
+
+def stop_reason_text(instance: Instance) -> str:
+    return STOP_REASON_TEXT.get(instance.stop_reason, instance.stop_reason)
+
+
+def progress(instance: Instance) -> list[dict]:
+    """The progress steps with 'done', 'current' or 'todo' for each."""
+    current = PROGRESS_STEPS.index(instance.step) if instance.step in PROGRESS_STEPS else 0
+    finished = instance.state in (Instance.State.RUNNING,) or instance.ready_at is not None
+    steps = []
+    for index, step in enumerate(PROGRESS_STEPS):
+        if finished or index < current:
+            status = "done"
+        elif index == current and instance.state in (Instance.State.QUEUED, Instance.State.PROVISIONING):
+            status = "current"
+        elif index == current and instance.state == Instance.State.FAILED:
+            status = "failed"
+        else:
+            status = "todo"
+        steps.append({"step": step.value, "label": step.label, "status": status})
+    return steps
+
+
+def instance_status(instance: Instance) -> dict:
+    """The JSON the instance page polls: state, step, progress, reasons, and where to open JupyterLab."""
+    running = instance.state == Instance.State.RUNNING
+    charged = instance.charged_gpu_seconds
+    return {
+        "id": str(instance.id),
+        "state": instance.state,
+        "state_label": instance.get_state_display(),
+        "step": instance.step,
+        "step_label": instance.get_step_display(),
+        "steps": progress(instance),
+        "queue_position": queue_position(instance),
+        "failure_reason": instance.failure_reason,
+        "stop_reason": stop_reason_text(instance),
+        "lab_url": lab_url(instance) if running else "",
+        "can_stop": instance.state
+        in (Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING),
+        "is_final": instance.state in (Instance.State.STOPPED, Instance.State.FAILED),
+        "charged_gpu_hours": f"{charged / GPU_SECONDS_PER_HOUR:.2f}",
+        "events": [
+            {
+                "at": event.created_at.isoformat(),
+                "state": event.state,
+                "step": event.step,
+                "message": event.message,
+            }
+            for event in instance.events.all()
+        ],
+    }

@@ -1,0 +1,510 @@
+"""Worker-side operations on instances: provision, teardown, meter tick, reconcile, start queued launches.
+
+Every function here is safe to run twice and safe to kill at any line (design.md, "Reliability rules"):
+- state moves forward only by conditional updates (`filter(state=...).update(...)`), so a duplicate or
+  late run finds the row already moved on and does nothing;
+- the driver's start is idempotent (the container name derives from the instance id), stop treats
+  "already gone" as done, and the scheduler's allocate returns the GPUs an instance already holds;
+- whatever a killed worker leaves behind (a container, GPUs, an instance stuck in a transition) is
+  found by `reconcile` on the next beat.
+Celery tasks (provisioning/tasks.py) are thin wrappers; retries of transient driver errors happen there.
+"""
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from portal.credits import metering
+from portal.credits.models import CreditAccount
+from portal.instances.models import Instance
+from portal.instances.services import enqueue, instance_event_record
+
+from . import scheduler
+from .drivers import driver_for
+from .drivers.base import DriverError
+from .models import GpuAllocation, GpuHost
+
+logger = logging.getLogger(__name__)
+
+State = Instance.State
+Step = Instance.Step
+
+# A fresh launch's provision message is normally picked up within seconds; start_queued leaves queued
+# instances that were never tried alone for this long, so it does not race their own task.
+FRESH_LAUNCH_GRACE = timedelta(seconds=60)
+# Readiness polling: start fast (a launch should be ready a moment after JupyterLab is), back off to this.
+READY_POLL_FIRST = 0.05
+READY_POLL_MAX = 0.5
+# How often the readiness wait also asks the driver whether the container still runs, and the
+# database whether the instance was stopped meanwhile.
+READY_CHECK_EVERY = 1.0
+STATUS_REQUEST_TIMEOUT = 2.0
+
+NOTHING_CHARGED = "Nothing was charged."
+
+
+def _move(instance_id, *, from_states, **changes) -> bool:
+    """Conditional update: move the instance only if it is still in one of `from_states`. Returns whether it moved."""
+    if "state" in changes:
+        changes.setdefault("state_changed_at", timezone.now())
+    return bool(Instance.objects.filter(id=instance_id, state__in=from_states).update(**changes))
+
+
+def _load(instance_id) -> Instance | None:
+    return Instance.objects.select_related("image", "host", "user").filter(id=instance_id).first()
+
+
+# --- provision -------------------------------------------------------------------------------------------
+
+
+def instance_provision(*, instance_id, resume: bool = False) -> str:
+    """Take a queued instance to RUNNING: allocate GPUs, start the container, wait for JupyterLab, go ready.
+
+    Returns what happened: "running", "queued" (no GPUs free: back in the queue, with its position),
+    "failed" (a permanent driver error, a crash or the ready timeout: the failure reason says what to do,
+    GPUs are released, the container removed, nothing charged) or "skipped" (someone else has it, or it
+    was stopped).
+
+    Claims the instance with a conditional update queued -> provisioning. With `resume` (a retry of this
+    task, a redelivered message, or the reconciler), an instance already in PROVISIONING is taken up
+    where it stands; every step is idempotent, so that is safe even if another run is still going.
+
+    Raises DriverError(permanent=False) when the host cannot be reached; the task retries with resume.
+    """
+    now = timezone.now()
+    claimed = _move(
+        instance_id,
+        from_states=[State.QUEUED],
+        state=State.PROVISIONING,
+        step=Step.ALLOCATING,
+        provisioning_at=now,
+    )
+    instance = _load(instance_id)
+    if instance is None:
+        return "skipped"
+    if not claimed and not (resume and instance.state == State.PROVISIONING):
+        return "skipped"
+
+    held = list(
+        GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True).select_related("gpu")
+    )
+    if not held and not resume and _waiting_ahead(instance):
+        # Launches that already waited for GPUs go first; the queue task hands out what frees up.
+        return _requeue(instance, "Waiting for free GPUs behind earlier launches")
+    if claimed:
+        instance_event_record(instance=instance, message="Allocating GPUs.")
+    try:
+        allocations = held or scheduler.allocate(instance_id=instance_id)
+    except scheduler.SchedulerError:
+        return "skipped"  # stopped since the claim: it gets no GPUs
+    if not allocations:
+        return _requeue(instance, "No GPUs are free right now")
+    instance.refresh_from_db(fields=["host", "state"])
+    host = GpuHost.objects.get(pk=instance.host_id)
+    instance.host = host
+
+    if not _step(instance, Step.STARTING, f"Starting the {instance.image.name} container on {host.name}."):
+        return "skipped"
+    driver = driver_for(host, instance.driver)
+    gpus = [allocation.gpu for allocation in allocations]
+    try:
+        result = driver.start(instance, gpus)
+    except DriverError as error:
+        if not error.permanent:
+            raise
+        return _fail(
+            instance,
+            f"The host could not start the {instance.image.name} image: {error.message} {NOTHING_CHARGED} "
+            "Try another image, or tell the operators if it keeps happening.",
+            driver=driver,
+        )
+    state = {**result.state, "endpoint": result.endpoint}
+    if not Instance.objects.filter(id=instance_id, state=State.PROVISIONING).update(driver_state=state):
+        # Stopped while the container started: the teardown may already have run, so remove it here.
+        _stop_quietly(driver, instance)
+        return "skipped"
+    instance.driver_state = state
+
+    if not _step(instance, Step.WAITING, "Waiting for JupyterLab to answer."):
+        _stop_quietly(driver, instance)
+        return "skipped"
+    outcome = wait_until_ready(instance, driver, endpoint=result.endpoint)
+    if outcome.aborted:
+        return "skipped"
+    if not outcome.ready:
+        return _fail(instance, outcome.reason, driver=driver)
+
+    ready_at = timezone.now()
+    if not _move(
+        instance_id,
+        from_states=[State.PROVISIONING],
+        state=State.RUNNING,
+        step=Step.READY,
+        ready_at=ready_at,
+        # Metering starts now and only now.
+        metered_until=ready_at,
+    ):
+        return "skipped"
+    instance.state, instance.step = State.RUNNING, Step.READY
+    instance_event_record(instance=instance, message="Ready: JupyterLab is answering.")
+    return "running"
+
+
+def _waiting_ahead(instance: Instance) -> bool:
+    """Whether older launches are waiting in the queue for GPUs (tried before and put back)."""
+    return (
+        Instance.objects.filter(state=State.QUEUED, provisioning_at__isnull=False)
+        .filter(Q(created_at__lt=instance.created_at) | Q(created_at=instance.created_at, id__lt=instance.id))
+        .exists()
+    )
+
+
+def _requeue(instance: Instance, why: str) -> str:
+    # provisioning_at stays set: it marks the instance as waiting for GPUs, for start_queued.
+    if not _move(instance.id, from_states=[State.PROVISIONING], state=State.QUEUED, step=Step.QUEUED):
+        return "skipped"
+    instance.refresh_from_db()
+    position = scheduler.queue_position(instance)
+    where = f": number {position} in the queue" if position else ""
+    instance_event_record(instance=instance, message=f"{why}{where}. It starts as soon as GPUs free up.")
+    return "queued"
+
+
+def _step(instance: Instance, step: str, message: str) -> bool:
+    """Record progress. Returns False when the instance is no longer provisioning (stopped or failed meanwhile)."""
+    if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).update(step=step):
+        return False
+    instance.step = step
+    instance_event_record(instance=instance, message=message, state=State.PROVISIONING, step=step)
+    return True
+
+
+@dataclass
+class ReadyOutcome:
+    ready: bool = False
+    # The instance left PROVISIONING while we waited (stopped, or failed by the reconciler).
+    aborted: bool = False
+    reason: str = ""
+
+
+def status_url(instance: Instance, endpoint: str) -> str:
+    """JupyterLab's status API for the instance; its base URL is /instances/<id>/lab/, as the gateway routes it."""
+    return f"{endpoint.rstrip('/')}/instances/{instance.id}/lab/api/status"
+
+
+def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutcome:
+    """Poll JupyterLab's /api/status with the instance's token until it answers 200, within READY_TIMEOUT_SECONDS.
+
+    Returns a ReadyOutcome: ready, aborted (the instance was stopped meanwhile), or not ready with a
+    reason a person can act on (timeout, or the container exited). Raises DriverError(permanent=False)
+    from driver.poll when the host stops answering.
+    """
+    timeout = settings.READY_TIMEOUT_SECONDS
+    deadline = time.monotonic() + timeout
+    next_check = time.monotonic() + READY_CHECK_EVERY
+    interval = READY_POLL_FIRST
+    headers = {"Authorization": f"token {instance.jupyter_token}"}
+    url = status_url(instance, endpoint)
+    # trust_env=False: a proxy from the environment must never sit between the portal and an instance.
+    with httpx.Client(timeout=STATUS_REQUEST_TIMEOUT, trust_env=False, follow_redirects=False) as client:
+        while True:
+            try:
+                if client.get(url, headers=headers).status_code == 200:
+                    return ReadyOutcome(ready=True)
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + READY_CHECK_EVERY
+                if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists():
+                    return ReadyOutcome(aborted=True)
+                seen = driver.poll(instance)
+                if not seen.running:
+                    code = f" with exit code {seen.exit_code}" if seen.exit_code is not None else ""
+                    return ReadyOutcome(
+                        reason=f"The container {'exited' if seen.status == 'exited' else 'disappeared'}{code} "
+                        f"before JupyterLab answered. {NOTHING_CHARGED} Launch again; if it happens again, "
+                        "try another image or tell the operators."
+                    )
+            if time.monotonic() >= deadline:
+                return ReadyOutcome(
+                    reason=f"JupyterLab did not answer within {timeout} seconds, so the launch was stopped. "
+                    f"{NOTHING_CHARGED} Launch again; if it happens again, tell the operators "
+                    f"(instance {instance.short_id})."
+                )
+            time.sleep(min(interval, max(deadline - time.monotonic(), 0.01)))
+            interval = min(interval * 1.5, READY_POLL_MAX)
+
+
+def _stop_quietly(driver, instance) -> bool:
+    """driver.stop that logs instead of raising: the reconciler removes what is left. Returns whether it worked."""
+    try:
+        driver.stop(instance)
+        return True
+    except DriverError as error:
+        logger.warning("Could not remove the container of %s: %s", instance.id, error.message)
+        return False
+
+
+def instance_fail(*, instance_id, reason: str, from_states=(State.QUEUED, State.PROVISIONING)) -> bool:
+    """Mark an instance failed with `reason`, remove its container (best effort) and free its GPUs.
+
+    Returns whether this call failed it (False when it had already moved on). Nothing is charged: an
+    instance that never turned ready was never metered.
+    """
+    instance = _load(instance_id)
+    if instance is None:
+        return False
+    driver = driver_for(instance.host, instance.driver) if instance.host_id else None
+    return _fail(instance, reason, driver=driver, from_states=from_states) == "failed"
+
+
+def _fail(
+    instance: Instance, reason: str, *, driver=None, from_states=(State.QUEUED, State.PROVISIONING)
+) -> str:
+    now = timezone.now()
+    if not _move(
+        instance.id, from_states=list(from_states), state=State.FAILED, failure_reason=reason, stopped_at=now
+    ):
+        return "skipped"
+    instance.state = State.FAILED
+    instance_event_record(instance=instance, message=reason)
+    if driver is not None:
+        _stop_quietly(driver, instance)
+    # GPUs go back even when the host did not answer: the reconciler removes the container once it does.
+    if scheduler.release(instance_id=instance.id):
+        _kick_queue()
+    return "failed"
+
+
+def _kick_queue() -> None:
+    """Ask for queued launches to start, now that GPUs are free. Beat does it anyway within a minute."""
+    transaction.on_commit(lambda: enqueue("provisioning.start_queued"))
+
+
+# --- teardown --------------------------------------------------------------------------------------------
+
+
+def instance_teardown(*, instance_id, force: bool = False) -> str:
+    """Take a STOPPING instance to STOPPED: stop the container (keeping the workspace volume), free its GPUs,
+    charge whatever metering has not yet (only if it was ever ready), and start queued launches.
+
+    Returns "stopped" or "skipped" (it is not stopping). Raises DriverError(permanent=False) when the host
+    cannot be reached, for the task to retry; with `force` (the reconciler, after retries ran out) it
+    goes on anyway and the orphan container is removed when the host answers again.
+    """
+    instance = _load(instance_id)
+    if instance is None or instance.state != State.STOPPING:
+        return "skipped"
+    if instance.host_id:
+        driver = driver_for(instance.host, instance.driver)
+        try:
+            driver.stop(instance)
+        except DriverError as error:
+            if not force:
+                raise
+            logger.warning("Tearing down %s without reaching its host: %s", instance_id, error.message)
+    _close_metering(instance)
+    released = scheduler.release(instance_id=instance_id)
+    if not _move(instance_id, from_states=[State.STOPPING], state=State.STOPPED, stopped_at=timezone.now()):
+        return "skipped"
+    instance.state = State.STOPPED
+    instance_event_record(
+        instance=instance, message="Stopped. Your /workspace files are kept for your next launch."
+    )
+    if released:
+        enqueue("provisioning.start_queued")
+    return "stopped"
+
+
+def _close_metering(instance: Instance) -> int:
+    """Charge a stopping instance up to the moment it began stopping, if anything is left. Returns GPU-seconds.
+
+    Stops through portal.instances.services charge the rest already; this catches a stop that reached
+    STOPPING another way, so no ready time goes unbilled. A never-ready instance costs nothing.
+    """
+    if (
+        instance.ready_at is None
+        or instance.metered_until is None
+        or instance.metered_until >= instance.state_changed_at
+    ):
+        return 0
+    CreditAccount.objects.get_or_create(user_id=instance.user_id)
+    with transaction.atomic():
+        CreditAccount.objects.select_for_update().get(user_id=instance.user_id)
+        locked = Instance.objects.select_for_update().get(id=instance.id)
+        if locked.state != State.STOPPING:
+            return 0
+        return metering.charge_until(instance=locked, until=locked.state_changed_at)
+
+
+# --- metering --------------------------------------------------------------------------------------------
+
+
+def meter_tick(now: datetime | None = None) -> metering.TickResult:
+    """Charge running instances (portal.credits.metering.meter_tick), then tear down those whose owner ran out.
+
+    Returns the TickResult.
+    """
+    result = metering.meter_tick(now)
+    for instance_id in result.stopped_queued_ids:
+        scheduler.release(instance_id=instance_id)
+    for instance_id in result.stopping_ids:
+        enqueue("provisioning.teardown_instance", instance_id=str(instance_id))
+    return result
+
+
+# --- queue -----------------------------------------------------------------------------------------------
+
+
+def start_queued(now: datetime | None = None, *, limit: int = 100) -> int:
+    """Hand free GPUs to queued launches, oldest first (scheduler.next_queued decides the order), and
+    enqueue provisioning for each one that got GPUs. Returns how many were started.
+
+    Skips fresh launches whose own provision task is still on its way (never tried, younger than
+    FRESH_LAUNCH_GRACE); an older never-tried one lost its message and is picked up here.
+    """
+    now = now or timezone.now()
+    started = 0
+    for launch in scheduler.next_queued(limit=limit, now=now):
+        instance = launch.instance
+        if instance.provisioning_at is None and instance.created_at > now - FRESH_LAUNCH_GRACE:
+            continue
+        try:
+            allocations = scheduler.allocate(
+                instance_id=instance.id, reserve_whole_hosts=launch.reserve_whole_hosts
+            )
+        except scheduler.SchedulerError:
+            continue  # stopped meanwhile
+        if allocations:
+            enqueue("provisioning.provision_instance", instance_id=str(instance.id))
+            started += 1
+    return started
+
+
+# --- reconcile -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReconcileReport:
+    hosts_checked: int = 0
+    hosts_unreachable: int = 0
+    orphans_removed: int = 0
+    vanished_failed: int = 0
+    allocations_freed: int = 0
+    provisioning_resumed: int = 0
+    provisioning_failed: int = 0
+    teardowns_enqueued: int = 0
+
+
+def reconcile(now: datetime | None = None) -> ReconcileReport:
+    """Compare the database with what each host's driver reports, and repair both sides.
+
+    On every active or draining host: containers labelled as ours with no live instance are removed;
+    running instances whose container is gone are failed ("the container disappeared"), with their GPUs
+    freed and metering closed (what was charged up to the last tick stands; the lost time is not
+    charged). Then, everywhere: GPUs still held by ended instances are freed; instances stuck in
+    PROVISIONING longer than STUCK_TRANSITION_SECONDS are resumed once and failed the second time; those
+    stuck in STOPPING get their teardown enqueued again (forced). Returns a ReconcileReport.
+    """
+    now = now or timezone.now()
+    report = ReconcileReport()
+    for host in GpuHost.objects.filter(state__in=[GpuHost.State.ACTIVE, GpuHost.State.DRAINING]):
+        _reconcile_host(host, now, report)
+    report.allocations_freed += _free_ended_allocations()
+    _repair_stuck(now, report)
+    return report
+
+
+def _reconcile_host(host: GpuHost, now: datetime, report: ReconcileReport) -> None:
+    driver = driver_for(host)
+    try:
+        # Listed before the database is read: a container started after this listing belongs to an
+        # instance that is live by the time we read, so it is never mistaken for an orphan.
+        managed = driver.managed_instance_ids()
+    except DriverError as error:
+        report.hosts_unreachable += 1
+        logger.warning("Reconcile: host %s did not answer: %s", host.name, error.message)
+        return
+    report.hosts_checked += 1
+    live = {
+        str(instance_id): state
+        for instance_id, state in Instance.objects.filter(
+            host=host, state__in=Instance.LIVE_STATES
+        ).values_list("id", "state")
+    }
+    for instance_id in sorted(managed - set(live)):
+        try:
+            uuid.UUID(instance_id)
+        except ValueError:
+            logger.warning(
+                "Reconcile: container on %s labelled with a bad instance id %r", host.name, instance_id
+            )
+            continue
+        stub = Instance.objects.filter(id=instance_id).first() or Instance(id=instance_id)
+        stub.host = host
+        if _stop_quietly(driver, stub):
+            report.orphans_removed += 1
+            logger.info("Reconcile: removed orphan container of %s on %s", instance_id, host.name)
+    for instance_id, state in live.items():
+        if state != State.RUNNING or instance_id in managed:
+            continue
+        instance = _load(instance_id)
+        try:
+            seen = driver.poll(instance)
+        except DriverError:
+            continue
+        if seen.running:
+            continue
+        reason = (
+            "The container disappeared (it was removed, or its host restarted), so this instance ended. Your "
+            "/workspace files are kept; launch a new instance to continue. Time after the last charge was "
+            "not charged."
+        )
+        if _fail(instance, reason, driver=None, from_states=[State.RUNNING]) == "failed":
+            report.vanished_failed += 1
+
+
+def _free_ended_allocations() -> int:
+    """Free GPUs still held by stopped or failed instances (a worker died between the state change and the release)."""
+    ended = (
+        GpuAllocation.objects.filter(released_at__isnull=True)
+        .exclude(instance__state__in=Instance.LIVE_STATES)
+        .values_list("instance_id", flat=True)
+        .distinct()
+    )
+    return sum(scheduler.release(instance_id=instance_id) for instance_id in list(ended))
+
+
+def _repair_stuck(now: datetime, report: ReconcileReport) -> None:
+    stuck_after = timedelta(seconds=settings.STUCK_TRANSITION_SECONDS)
+    cutoff = now - stuck_after
+    for instance in Instance.objects.filter(state=State.PROVISIONING, state_changed_at__lt=cutoff):
+        started = instance.provisioning_at or instance.state_changed_at
+        if now - started < 2 * stuck_after:
+            # Resumed once: every step is idempotent, so this finishes what a killed worker started.
+            if _move(instance.id, from_states=[State.PROVISIONING], state=State.PROVISIONING):
+                instance_event_record(instance=instance, message="Provisioning stalled; resuming it.")
+                enqueue("provisioning.provision_instance", instance_id=str(instance.id), resume=True)
+                report.provisioning_resumed += 1
+        elif instance_fail(
+            instance_id=instance.id,
+            reason=f"Starting took longer than {int(2 * stuck_after.total_seconds() // 60)} minutes, so it was "
+            f"stopped. {NOTHING_CHARGED} Launch again; if it happens again, tell the operators "
+            f"(instance {instance.short_id}).",
+            from_states=[State.PROVISIONING],
+        ):
+            report.provisioning_failed += 1
+    for instance_id in Instance.objects.filter(state=State.STOPPING, state_changed_at__lt=cutoff).values_list(
+        "id", flat=True
+    ):
+        # state_changed_at is left alone: it is when billing ended, and teardown is safe to repeat.
+        enqueue("provisioning.teardown_instance", instance_id=str(instance_id), force=True)
+        report.teardowns_enqueued += 1

@@ -1,0 +1,86 @@
+"""Provision, stop and reconcile on the real Docker engine with the CPU JupyterLab image: the lifecycle
+against the real driver, readiness answered by a real JupyterLab, containers really removed."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from portal.credits import services as credits
+from portal.credits.models import LedgerEntry
+from portal.instances import services
+from portal.instances.models import Instance
+from provisioning import lifecycle
+from provisioning.drivers.docker import container_name
+from provisioning.models import GpuAllocation
+from tests.support.docker_instances import (
+    docker_client,
+    docker_portal_fixture,  # noqa: F401  (registers the docker_portal fixture)
+    make_host,
+    make_image,
+)
+from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
+
+
+@pytest.fixture
+def host(db, kfd_dev_root, settings, docker_portal):
+    settings.DEVCLOUD_DRIVER = "docker"
+    settings.READY_TIMEOUT_SECONDS = 90
+    return make_host("gpu-sim-orch", kfd_dev_root.path, kfd_dev_root.render_minors)
+
+
+@pytest.fixture
+def launch(alice, host, cpu_image):
+    credits.credits_adjust(
+        user=alice, gpu_seconds=25 * 3600, reason="Test", actor=None, idempotency_key=str(uuid.uuid4())
+    )
+    image = make_image(cpu_image, key="cpu")
+
+    def make():
+        return services.instance_launch(user=alice, size="1x", image_key=image.key)
+
+    return make
+
+
+def containers_of(instance) -> list:
+    name = container_name(instance)
+    return [c for c in docker_client().containers.list(all=True, filters={"name": name}) if c.name == name]
+
+
+def test_it_launches_to_ready_and_stops_on_the_real_engine(launch):
+    instance = launch()
+
+    assert lifecycle.instance_provision(instance_id=instance.id) == "running"
+
+    instance.refresh_from_db()
+    assert instance.step == Instance.Step.READY and instance.metered_until == instance.ready_at
+    assert instance.driver_state["endpoint"].startswith("http://127.0.0.1:")
+    assert [c.status for c in containers_of(instance)] == ["running"]
+
+    services.instance_stop(user=instance.user, instance_id=instance.id)
+    assert lifecycle.instance_teardown(instance_id=instance.id) == "stopped"
+
+    assert containers_of(instance) == []
+    assert not GpuAllocation.objects.filter(instance=instance, released_at__isnull=True).exists()
+    assert LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE).count() <= 1
+
+
+def test_the_reconciler_removes_orphans_and_fails_vanished_instances(launch):
+    orphaned, vanished = launch(), launch()
+    for instance in (orphaned, vanished):
+        assert lifecycle.instance_provision(instance_id=instance.id) == "running"
+    # A worker died after marking one failed; the other's container was removed behind our back.
+    Instance.objects.filter(pk=orphaned.pk).update(state=Instance.State.FAILED, stopped_at=timezone.now())
+    containers_of(vanished)[0].remove(force=True)
+
+    report = lifecycle.reconcile(timezone.now() + timedelta(seconds=1))
+
+    assert (report.orphans_removed, report.vanished_failed, report.allocations_freed) == (1, 1, 1)
+    assert containers_of(orphaned) == []
+    vanished.refresh_from_db()
+    assert vanished.state == Instance.State.FAILED
+    assert vanished.failure_reason.startswith("The container disappeared")
+    assert not GpuAllocation.objects.filter(released_at__isnull=True).exists()
