@@ -51,7 +51,7 @@ def test_settings_show_only_the_own_account(alice, alice_key, bob_client):
     assert "bob@example.com" in page
     for secret in ["alice@example.com", "alice-gh", ED25519_FINGERPRINT, "alice-workstation"]:
         assert secret not in page
-    assert 'href="/auth/login/github/"' in page
+    assert 'action="/auth/login/github/"' in page
 
 
 def test_settings_show_the_own_github_login_and_keys(alice_client, alice, alice_key):
