@@ -26,6 +26,7 @@ from portal.credits import metering
 from portal.credits.models import CreditAccount
 from portal.instances.models import Instance
 from portal.instances.services import enqueue, instance_event_record
+from portal.notifications.services import notify_launch_failed
 
 from . import scheduler
 from .drivers import driver_for
@@ -254,7 +255,8 @@ def _stop_quietly(driver, instance) -> bool:
 
 
 def instance_fail(*, instance_id, reason: str, from_states=(State.QUEUED, State.PROVISIONING)) -> bool:
-    """Mark an instance failed with `reason`, remove its container (best effort) and free its GPUs.
+    """Mark an instance failed with `reason`, remove its container (best effort), free its GPUs and email
+    the owner that the launch failed (once).
 
     Returns whether this call failed it (False when it had already moved on). Nothing is charged: an
     instance that never turned ready was never metered.
@@ -281,6 +283,11 @@ def _fail(
     # GPUs go back even when the host did not answer: the reconciler removes the container once it does.
     if scheduler.release(instance_id=instance.id):
         _kick_queue()
+    if State.RUNNING not in from_states:
+        # A launch that never got ready. (A running instance whose container vanished is not a failed
+        # launch; there is no notification kind for it yet, so its owner reads the reason on the page.)
+        instance.failure_reason = reason
+        notify_launch_failed(instance=instance)
     return "failed"
 
 

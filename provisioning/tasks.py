@@ -13,7 +13,7 @@ from dataclasses import asdict
 from celery import shared_task
 from django.conf import settings
 
-from . import lifecycle
+from . import images, lifecycle, limits
 from .drivers.base import DriverError
 
 logger = logging.getLogger(__name__)
@@ -106,3 +106,44 @@ def start_queued() -> int:
 BY_NAME = {
     task.name: task for task in (provision_instance, teardown_instance, meter_tick, reconcile, start_queued)
 }
+
+
+_IMAGE_SOFT_LIMIT, _IMAGE_HARD_LIMIT = images.ensure_image_time_limits()
+
+
+@shared_task(
+    name="provisioning.ensure_image",
+    bind=True,
+    acks_late=True,
+    ignore_result=True,
+    # Builds and pulls take minutes, far beyond the default limits, but must end before the broker's
+    # visibility timeout hands the message to a second worker.
+    soft_time_limit=_IMAGE_SOFT_LIMIT,
+    time_limit=_IMAGE_HARD_LIMIT,
+)
+def ensure_image(self, host_id: int, image_key: str, job_id: int) -> str:
+    # Not retried: the operator watches the job, and its failure says what to do before starting it again.
+    return images.image_job_run(job_id=job_id, host_id=host_id, image_key=image_key, resume=_redelivered(self))
+
+
+BY_NAME[ensure_image.name] = ensure_image
+
+
+@shared_task(name="provisioning.enforce_limits", acks_late=True, ignore_result=True)
+def enforce_limits() -> int:
+    return len(limits.enforce_max_session_length())
+
+
+BY_NAME[enforce_limits.name] = enforce_limits
+
+
+@shared_task(
+    name="provisioning.cull_idle", acks_late=True, ignore_result=True, soft_time_limit=240, time_limit=300
+)
+def cull_idle() -> dict:
+    from . import culling
+
+    return asdict(culling.cull_idle())
+
+
+BY_NAME[cull_idle.name] = cull_idle

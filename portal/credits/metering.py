@@ -13,6 +13,8 @@ How the money moves (design.md, "Credits: Metering"):
   instance is stopped in the same tick, so what is waived is at most what accrued while beat was late).
 - After charging, every live instance of an owner whose balance is at or below zero is stopped with
   stop_reason "credits exhausted".
+- Once a batch has committed, its owners get the credit warnings (about 1 hour or 10 minutes left at
+  their running GPUs' burn) and the "stopped: credits ran out" email, each once per event.
 
 Lock order everywhere: the owner's CreditAccount, then the Instance rows (launch and stop follow it too).
 """
@@ -23,12 +25,19 @@ from datetime import datetime, timedelta
 from itertools import groupby
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Case, IntegerField, Sum, Value, When
 from django.utils import timezone
 
 from portal.instances.models import Instance, InstanceEvent
 from portal.instances.sizes import SIZES
+from portal.notifications.services import (
+    CREDIT_WARNINGS,
+    StopReason,
+    credit_warnings_check,
+    notify_instance_stopped,
+)
 
 from .models import CreditAccount, LedgerEntry
 from .services import ledger_post
@@ -219,6 +228,7 @@ def _charge_batch(batch: dict[int, list], now: datetime, result: TickResult) -> 
         # An owner without an account cannot have launched through instance_launch; make one so the
         # charge has somewhere to go rather than letting the instance run free.
         CreditAccount.objects.get_or_create(user_id=user_id)
+    stopping_before, queued_before = len(result.stopping_ids), len(result.stopped_queued_ids)
     with transaction.atomic():
         # user_id -> [account id, balance], locked in id order like every other path that locks accounts.
         accounts = {
@@ -283,6 +293,44 @@ def _charge_batch(batch: dict[int, list], now: datetime, result: TickResult) -> 
         exhausted = [user_id for user_id, (_, balance) in accounts.items() if balance <= 0]
         if exhausted:
             _stop_exhausted(exhausted, now, result)
+
+    # After the commit, so a rolled-back batch tells nobody and no email waits on the account locks.
+    try:
+        _notify_batch(
+            balances={user_id: accounts[user_id][1] for user_id in charged_users},
+            running_gpus=running_gpus,
+            stopped_ids=result.stopping_ids[stopping_before:] + result.stopped_queued_ids[queued_before:],
+        )
+    except Exception:
+        # The charges stand and the next batches must still be charged; a lost notice is only logged.
+        logger.exception("Could not notify the owners of a metering batch")
+
+
+def _notify_batch(*, balances: dict[int, int], running_gpus: dict[int, int], stopped_ids: list) -> None:
+    """Tell owners what a committed batch means for them: the credit warnings (about 1 hour, about 10
+    minutes left at their running GPUs' burn) and the instance_stopped email for each instance stopped
+    because credits ran out. Both are once per event, so a repeated tick sends nothing new.
+
+    Queries only for owners whose runway is within the widest warning and for the stopped instances:
+    a tick in which nobody runs low costs no query at all.
+    """
+    warn_within = max(limit for _, limit in CREDIT_WARNINGS)
+    # The same runway credit_warnings_check works out: balance / (GPUs x 3600) hours.
+    low = [
+        user_id
+        for user_id, balance in balances.items()
+        if 0 < balance and running_gpus.get(user_id) and balance // running_gpus[user_id] <= warn_within
+    ]
+    if low:
+        for user in get_user_model().objects.filter(pk__in=low):
+            credit_warnings_check(
+                user=user,
+                balance_gpu_seconds=balances[user.pk],
+                burn_gpu_seconds_per_hour=running_gpus[user.pk] * 3600,
+            )
+    if stopped_ids:
+        for instance in Instance.objects.filter(id__in=stopped_ids).select_related("user", "image"):
+            notify_instance_stopped(instance=instance, reason=StopReason.CREDITS_EXHAUSTED)
 
 
 def _save_balances(balances: list, now: datetime) -> None:

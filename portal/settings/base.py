@@ -275,3 +275,12 @@ CELERY_BEAT_SCHEDULE = {
 # How often beat records a capacity sample (GPUs allocated/total, launch queue) for the console's charts.
 CONSOLE_SAMPLE_SECONDS = env.int("CONSOLE_SAMPLE_SECONDS", default=300)
 CELERY_BEAT_SCHEDULE["console-sample"] = {"task": "console.record_sample", "schedule": float(CONSOLE_SAMPLE_SECONDS)}
+# How often idle culling checks every running instance (JupyterLab activity, GPU use).
+IDLE_CULL_SECONDS = env.int("IDLE_CULL_SECONDS", default=60)
+# gpu_busy_percent above this on any GPU an instance holds counts as use for idle culling.
+IDLE_GPU_BUSY_PERCENT = env.int("IDLE_GPU_BUSY_PERCENT", default=5)
+CELERY_BEAT_SCHEDULE["cull-idle"] = {
+    "task": "provisioning.cull_idle",
+    "schedule": float(IDLE_CULL_SECONDS),
+    "options": {"expires": IDLE_CULL_SECONDS},
+}

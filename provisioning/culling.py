@@ -1,0 +1,356 @@
+"""Idle culling: stop running instances nobody is using, after warning their owners.
+
+An instance counts as idle when JupyterLab shows no activity AND its GPUs show no use:
+- JupyterLab: /api/status `last_activity` (API requests, kernel messages, terminals), and each kernel's
+  and terminal's `last_activity`. A kernel whose execution_state is "busy" is activity however long it
+  has been silent, so a cell that trains for hours is never idle. The culler's own requests carry
+  `no_track_activity`, so looking does not count as using.
+- GPUs: `gpu_busy_percent` of each GPU the instance holds, from the host's sysfs. amdgpu exposes it in
+  the render node's device directory, `<sysfs_root>/sys/class/drm/renderD<minor>/device/gpu_busy_percent`
+  (the counter amd-smi reports as GFX activity; reading the file needs no subprocess, so amd-smi is not
+  used). Above settings.IDLE_GPU_BUSY_PERCENT on any GPU is activity: a job started from a shell keeps
+  its instance.
+  Where no file can be read (an older driver, or a host whose sysfs this worker cannot see), GPU use is
+  unknown and JupyterLab alone decides.
+
+The idle clock, `idle_since`, is the latest of: JupyterLab's activity, `ready_at`, and the last time
+this culler saw the GPUs busy or go idle again. Those GPU sightings are written to the instance's
+timeline ("GPUs busy...", "GPUs idle again...") only when they change and no kernel is busy (a busy
+kernel explains itself), so that the clock survives between rounds and the owner can see why the
+instance was kept or stopped.
+
+Past the policy's idle minutes for the size (LaunchPolicy.idle_minutes_for; 0 means never culled) the
+owner is warned. The warning is a Notification whose event key names the idle stretch by `idle_since`;
+it is also the record of when the grace period began. If `idle_since` is the same once the grace
+minutes have passed, the instance is stopped (stop_reason "idle"; the workspace is kept) and the owner
+told. Any activity moves `idle_since`, which names a new stretch: the old warning no longer counts, and
+a new one must be sent before any stop.
+
+A JupyterLab that does not answer is not evidence of idleness: the instance is skipped this round (the
+reconciler deals with containers that are gone). Safe to run twice or concurrently: the warning and the
+stop email are sent once per event, and instance_request_stop leaves a stopping instance alone.
+"""
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
+
+from portal.instances.models import Instance, InstanceEvent, LaunchPolicy
+from portal.instances.services import instance_event_record, instance_request_stop
+from portal.notifications.models import Kind, Notification
+from portal.notifications.services import (
+    StopReason,
+    notify_instance_idle_warning,
+    notify_instance_stopped,
+)
+
+from .drivers.docker import jupyter_base_url
+from .models import GpuAllocation
+
+logger = logging.getLogger(__name__)
+
+STOP_REASON_IDLE = "idle"
+# Default of settings.IDLE_GPU_BUSY_PERCENT: utilisation above this, on any GPU the instance holds, counts
+# as use (an idle MI300X reads 0-2%).
+GPU_BUSY_PERCENT = 5
+# How the GPU sightings start on the timeline; the culler reads its last one back by these prefixes.
+GPU_EVENT_BUSY = "GPUs busy"
+GPU_EVENT_IDLE = "GPUs idle again"
+# JupyterLabs asked at once. Each is asked three short questions; a dead one costs at most the timeouts.
+PROBE_WORKERS = 32
+PROBE_TIMEOUT = httpx.Timeout(3.0, connect=1.0)
+
+
+class JupyterUnreachable(Exception):
+    """JupyterLab did not answer, refused the token, or answered something unexpected."""
+
+
+@dataclass(frozen=True)
+class JupyterActivity:
+    """What JupyterLab says about its use."""
+
+    # The latest of /api/status last_activity and every kernel's and terminal's.
+    last_activity: datetime
+    kernels: int
+    busy_kernels: int
+    terminals: int
+    # Open kernel websockets (browser tabs). Reported, not counted: an open tab is not use by itself.
+    connections: int
+
+
+@dataclass
+class CullReport:
+    """What one round did."""
+
+    checked: int = 0
+    # JupyterLab did not answer: skipped this round.
+    unreachable: int = 0
+    # A busy kernel or a busy GPU right now.
+    busy: int = 0
+    # Idle, but for less than the idle time (or warned and within the grace period).
+    idle: int = 0
+    warned: int = 0
+    stopped: int = 0
+
+
+def lab_api_url(instance, endpoint: str, path: str) -> str:
+    """URL of JupyterLab's REST API `path` for the instance, under the base URL the drivers give it."""
+    return f"{endpoint.rstrip('/')}{jupyter_base_url(instance)}api/{path}"
+
+
+def _parse_time(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def jupyter_activity(client: httpx.Client, instance, endpoint: str) -> JupyterActivity:
+    """Ask the instance's JupyterLab how it is used: /api/status, /api/kernels and /api/terminals.
+
+    Returns a JupyterActivity. Raises JupyterUnreachable when a request fails, is refused (wrong token)
+    or gets an answer that cannot be read. Terminals turned off (404) count as no terminals.
+    """
+    headers = {"Authorization": f"token {instance.jupyter_token}"}
+    # Without it, listing kernels and terminals would itself count as API activity.
+    quiet = {"no_track_activity": "1"}
+    try:
+        status = client.get(lab_api_url(instance, endpoint, "status"), headers=headers)
+        if status.status_code != 200:
+            raise JupyterUnreachable(f"/api/status answered {status.status_code}")
+        kernels = client.get(lab_api_url(instance, endpoint, "kernels"), headers=headers, params=quiet)
+        if kernels.status_code != 200:
+            raise JupyterUnreachable(f"/api/kernels answered {kernels.status_code}")
+        terminals = client.get(lab_api_url(instance, endpoint, "terminals"), headers=headers, params=quiet)
+        if terminals.status_code not in (200, 404):
+            raise JupyterUnreachable(f"/api/terminals answered {terminals.status_code}")
+        status_body, kernel_list = status.json(), kernels.json()
+        terminal_list = terminals.json() if terminals.status_code == 200 else []
+        times = [_parse_time(status_body["last_activity"])] + [
+            _parse_time(item["last_activity"])
+            for item in [*kernel_list, *terminal_list]
+            if item.get("last_activity")
+        ]
+        return JupyterActivity(
+            last_activity=max(times),
+            kernels=len(kernel_list),
+            busy_kernels=sum(1 for kernel in kernel_list if kernel.get("execution_state") == "busy"),
+            terminals=len(terminal_list),
+            connections=int(status_body.get("connections") or 0),
+        )
+    except httpx.HTTPError as error:
+        raise JupyterUnreachable(f"{type(error).__name__}: {error}") from error
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise JupyterUnreachable(f"unreadable answer ({type(error).__name__}: {error})") from error
+
+
+def gpu_busy_percent(sysfs_root: str, render_minors) -> int | None:
+    """The highest gpu_busy_percent among these GPUs of a host, or None when none can be read (unknown)."""
+    readings = []
+    for minor in render_minors:
+        path = Path(sysfs_root) / "sys" / "class" / "drm" / f"renderD{minor}" / "device" / "gpu_busy_percent"
+        try:
+            readings.append(int(path.read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return max(readings) if readings else None
+
+
+def _running_instances():
+    gpu_sightings = InstanceEvent.objects.filter(
+        Q(message__startswith=GPU_EVENT_BUSY) | Q(message__startswith=GPU_EVENT_IDLE), instance=OuterRef("pk")
+    ).order_by("-created_at", "-id")
+    return list(
+        Instance.objects.filter(state=Instance.State.RUNNING, ready_at__isnull=False)
+        .select_related("user", "image", "host")
+        .annotate(
+            gpu_sighting=Subquery(gpu_sightings.values("message")[:1]),
+            gpu_sighting_at=Subquery(gpu_sightings.values("created_at")[:1]),
+        )
+        .order_by("ready_at")
+    )
+
+
+def _held_gpus(instance_ids) -> dict:
+    """instance id -> (sysfs root, [render minors]) of the GPUs each instance holds."""
+    held: dict = {}
+    rows = GpuAllocation.objects.filter(instance_id__in=instance_ids, released_at__isnull=True).values_list(
+        "instance_id", "gpu__host__sysfs_root", "gpu__render_minor"
+    )
+    for instance_id, sysfs_root, minor in rows:
+        held.setdefault(instance_id, (sysfs_root, []))[1].append(minor)
+    return held
+
+
+def _probe_all(instances) -> dict:
+    """instance id -> JupyterActivity, or the JupyterUnreachable it raised. Asks PROBE_WORKERS at a time."""
+    if not instances:
+        return {}
+    limits = httpx.Limits(max_connections=PROBE_WORKERS, max_keepalive_connections=PROBE_WORKERS)
+    # trust_env=False: a proxy from the environment must never sit between the portal and an instance.
+    with httpx.Client(
+        timeout=PROBE_TIMEOUT, trust_env=False, follow_redirects=False, limits=limits
+    ) as client:
+
+        def probe(instance):
+            try:
+                return jupyter_activity(client, instance, instance.driver_state["endpoint"])
+            except JupyterUnreachable as error:
+                return error
+
+        with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(instances))) as pool:
+            return dict(zip([i.id for i in instances], pool.map(probe, instances)))
+
+
+@dataclass
+class _Idle:
+    instance: Instance
+    idle_since: datetime
+    idle_minutes: int
+
+
+def cull_idle(now: datetime | None = None) -> CullReport:
+    """One round over every running instance: warn the owners of those idle past their size's idle time,
+    and stop those still idle (the same idle stretch) a grace period after the warning.
+
+    `now` is the moment of the round (tests pass a later one to move time forward); what the round
+    writes (warnings, GPU sightings) carries the database's clock. Returns a CullReport. Raises nothing
+    for an instance that cannot be reached or that someone else stops meanwhile; it is skipped.
+    """
+    now = now or timezone.now()
+    policy = LaunchPolicy.current()
+    busy_percent = getattr(settings, "IDLE_GPU_BUSY_PERCENT", GPU_BUSY_PERCENT)
+    report = CullReport()
+    instances = [
+        instance
+        for instance in _running_instances()
+        if policy.idle_minutes_for(instance.size) and (instance.driver_state or {}).get("endpoint")
+    ]
+    report.checked = len(instances)
+    activity = _probe_all(instances)
+    gpus = _held_gpus([instance.id for instance in instances])
+
+    past_idle_time = []
+    for instance in instances:
+        seen = activity[instance.id]
+        if isinstance(seen, JupyterUnreachable):
+            report.unreachable += 1
+            logger.warning("Idle culling skipped %s this round: JupyterLab: %s", instance.id, seen)
+            continue
+        sysfs_root, minors = gpus.get(instance.id, ("/", []))
+        gpu_percent = gpu_busy_percent(sysfs_root, minors) if minors else None
+        gpu_busy = None if gpu_percent is None else gpu_percent > busy_percent
+        gpu_time = _track_gpu(instance, gpu_busy, gpu_percent, kernel_busy=seen.busy_kernels > 0, now=now)
+        if seen.busy_kernels or gpu_busy:
+            report.busy += 1
+            continue
+        idle_since = max(filter(None, [seen.last_activity, instance.ready_at, gpu_time]))
+        if now - idle_since < timedelta(minutes=policy.idle_minutes_for(instance.size)):
+            report.idle += 1
+            continue
+        past_idle_time.append(_Idle(instance, idle_since, int((now - idle_since).total_seconds() // 60)))
+
+    warned_at = _warnings_sent(past_idle_time)
+    grace = timedelta(minutes=policy.idle_grace_minutes)
+    for idle in past_idle_time:
+        sent = warned_at.get(idle_warning_key(idle.instance, idle.idle_since))
+        if sent is None:
+            report.warned += _warn(idle, policy.idle_grace_minutes, now)
+            continue
+        # Never sooner than the idle time plus the grace, whenever the warning went out.
+        grace_began = max(
+            sent, idle.idle_since + timedelta(minutes=policy.idle_minutes_for(idle.instance.size))
+        )
+        if now - grace_began < grace:
+            report.idle += 1
+            continue
+        report.stopped += _stop(idle)
+    return report
+
+
+def _track_gpu(
+    instance, gpu_busy: bool | None, gpu_percent: int | None, *, kernel_busy: bool, now: datetime
+) -> datetime | None:
+    """Record a change in what the GPUs do on the timeline; return the time of the last sighting, if any.
+
+    Busy is recorded only when no kernel is busy (the kernel already keeps the instance and explains
+    itself), idle again only after a recorded busy. Unknown (no reading) changes nothing.
+    """
+    last, last_at = instance.gpu_sighting or "", instance.gpu_sighting_at
+    if gpu_busy is None:
+        return last_at
+    if gpu_busy:
+        if not kernel_busy and not last.startswith(GPU_EVENT_BUSY):
+            instance_event_record(
+                instance=instance,
+                message=f"{GPU_EVENT_BUSY} ({gpu_percent}%): idle culling counts this instance as in use.",
+            )
+            return now
+        return last_at
+    if last.startswith(GPU_EVENT_BUSY):
+        instance_event_record(
+            instance=instance, message=f"{GPU_EVENT_IDLE}: the idle clock starts again now."
+        )
+        return now
+    return last_at
+
+
+def idle_warning_key(instance, idle_since: datetime) -> str:
+    """The event key notify_instance_idle_warning gives the warning for this idle stretch."""
+    return f"instance:{instance.id}:idle:{idle_since.isoformat()}"
+
+
+def _warnings_sent(idle: list[_Idle]) -> dict:
+    """event key -> when the idle warning for that stretch was recorded, for the stretches in `idle`."""
+    if not idle:
+        return {}
+    rows = Notification.objects.filter(
+        user_id__in={i.instance.user_id for i in idle},
+        kind=Kind.INSTANCE_IDLE_WARNING,
+        event_key__in=[idle_warning_key(i.instance, i.idle_since) for i in idle],
+    ).values_list("event_key", "created_at")
+    return dict(rows)
+
+
+def _warn(idle: _Idle, grace_minutes: int, now: datetime) -> int:
+    """Warn the owner and note it on the timeline. Returns 1 when this call warned, 0 if already warned."""
+    warned = notify_instance_idle_warning(
+        instance=idle.instance,
+        idle_since=idle.idle_since,
+        idle_minutes=idle.idle_minutes,
+        grace_minutes=grace_minutes,
+    )
+    if warned is None:
+        return 0
+    stop_at = now + timedelta(minutes=grace_minutes)
+    instance_event_record(
+        instance=idle.instance,
+        message=f"Idle for {idle.idle_minutes} minutes (no kernel, terminal or GPU activity): it stops at "
+        f"{stop_at:%H:%M} UTC unless it is used again. Your /workspace files are kept.",
+    )
+    return 1
+
+
+def _stop(idle: _Idle) -> int:
+    """Stop the instance as idle and tell the owner. Returns 1 when it was stopped as idle, 0 when it had
+    already ended or someone else (the owner, an operator) stopped it first."""
+    try:
+        stopped = instance_request_stop(
+            instance_id=idle.instance.id,
+            stop_reason=STOP_REASON_IDLE,
+            message=f"Stopped after {idle.idle_minutes} minutes idle (no kernel, terminal or GPU activity). "
+            "Your /workspace files are kept.",
+        )
+    except (ValidationError, Instance.DoesNotExist):
+        return 0
+    if stopped.stop_reason != STOP_REASON_IDLE:
+        return 0
+    notify_instance_stopped(instance=idle.instance, reason=StopReason.IDLE, idle_minutes=idle.idle_minutes)
+    logger.info("Idle culling stopped %s after %s idle minutes", idle.instance.id, idle.idle_minutes)
+    return 1
