@@ -6,6 +6,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
 
+from portal.instances.selectors import credits_exhausted_notice
+
 from . import selectors, services
 from .forms import BonusApplyForm
 from .models import hours
