@@ -1,6 +1,18 @@
+"""ASGI entry point (`uvicorn portal.asgi:application`): Django plus the JupyterLab gateway.
+
+Paths under /instances/<uuid>/lab/ (HTTP and websockets) and /instances/<uuid>/auth go to the gateway
+(portal/gateway/); everything else goes to Django.
+"""
+
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+# Imported after Django is set up: the gateway reads sessions and instances through the ORM.
+from portal.gateway.app import Gateway, Router
+
+gateway = Gateway()
+application = Router(django_app=django_application, gateway=gateway)

@@ -6,6 +6,7 @@
 #   PostgreSQL  127.0.0.1:5432, user postgres (the database tests create test_<name> databases)
 #   Redis       127.0.0.1:6379
 #   Docker      the local engine (dockerd started in the background when `docker info` fails)
+#   nginx-core  the gateway's production nginx block is tested in front of a real JupyterLab
 #   chromium    /usr/bin/chromium for Playwright (never a downloaded browser), fonts-dejavu-core
 #   debootstrap to build the CPU JupyterLab image without a registry
 #
@@ -24,7 +25,7 @@ echo "test-services: checking PostgreSQL, Redis, Docker, Chromium"
 
 # --- Packages ---------------------------------------------------------------------------------------
 needed=(postgresql redis-server docker.io debootstrap debian-archive-keyring chromium fonts-dejavu-core
-  ca-certificates xz-utils)
+  ca-certificates xz-utils nginx-core)
 if ! bash scripts/apt-install.sh "${needed[@]}"; then
   echo "test-services: could not install ${needed[*]}" >&2
   exit 1

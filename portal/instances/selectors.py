@@ -8,9 +8,10 @@ from django.http import Http404
 from django.utils import timezone
 
 from portal.credits.models import GPU_SECONDS_PER_HOUR, CreditAccount, hours
-from portal.gateway import lab_path
+from portal.gateway import open_path
 
-from .models import Image, Instance
+from . import entitlements
+from .models import Image, Instance, LaunchPolicy
 from .sizes import SIZES, Size
 
 # States that will burn credit: queued and provisioning instances are about to, running ones do.
@@ -29,6 +30,9 @@ STOP_REASON_TEXT = {
     "to launch again.",
     "operator": "An operator stopped it.",
     "idle": "It was stopped because it was idle.",
+    "max_length": "It reached the longest a session may run at its size and was stopped. Your files in "
+    "/workspace are kept; launch again to go on.",
+    "operator: account suspended": "It was stopped because your account was suspended.",
 }
 
 
@@ -93,6 +97,10 @@ class SizeOption:
     # The balance minus what running instances burned since their last charge.
     runway_gpu_seconds: int = 0
     allowed_message: str = ""
+    # Why the operators' launch policy keeps this size closed to the user, with where to open it.
+    policy_refusal: entitlements.Refusal | None = None
+    # How long an instance of this size may run, and when an idle one is stopped ('' if no limit).
+    session_limit: str = ""
 
     @property
     def key(self) -> str:
@@ -126,8 +134,11 @@ class SizeOption:
     @property
     def refusal(self) -> str:
         """Why this size cannot be launched now, in words a person can act on; '' when it can."""
-        if self.allowed_message:
-            return self.allowed_message
+        return self.allowed_message or self.shortfall
+
+    @property
+    def shortfall(self) -> str:
+        """Why the balance does not cover a launch at this size; '' when it does."""
         if not self.shortfall_gpu_seconds:
             return ""
         return shortfall_message(
@@ -145,19 +156,6 @@ def shortfall_message(size: Size, needed: int, available: int, other_gpus: int) 
     )
 
 
-def size_policy_message(user, size: Size) -> str:
-    """Why the operators' settings do not let this user launch this size; '' when they do.
-
-    SIZES_REQUIRING_BONUS (e.g. ["8x"]) names sizes open only to people with an approved bonus application.
-    """
-    if size.key in getattr(settings, "SIZES_REQUIRING_BONUS", []):
-        from portal.credits.models import BonusApplication
-
-        if not BonusApplication.objects.filter(user=user, status=BonusApplication.Status.APPROVED).exists():
-            return f"{size.name} opens once an operator approves one of your bonus-hour applications."
-    return ""
-
-
 @dataclass(frozen=True)
 class LaunchOptions:
     balance_gpu_seconds: int
@@ -167,6 +165,8 @@ class LaunchOptions:
     verified: bool
     live_count: int
     live_limit: int
+    # The suspended account's notice ('' when not suspended): nothing can be launched then.
+    suspension: str = ""
 
     @property
     def balance_hours(self) -> str:
@@ -178,27 +178,26 @@ class LaunchOptions:
 
     @property
     def can_launch(self) -> bool:
-        return self.verified and self.live_count < self.live_limit and any(o.can_launch for o in self.sizes)
+        return (
+            not self.suspension
+            and self.verified
+            and self.live_count < self.live_limit
+            and any(o.can_launch for o in self.sizes)
+        )
 
     @property
     def refusal(self) -> str:
         """Why the Launch button is disabled; '' when it is not."""
+        if self.suspension:
+            return self.suspension
         if not self.verified:
             return "Confirm your email address to launch instances."
         if self.live_count >= self.live_limit:
-            return (
-                f"You have {self.live_count} instances running or starting, the most allowed at once. "
-                "Stop one to launch another."
-            )
+            return entitlements.live_limit_refusal(self.live_count, self.live_limit).message
         if not any(o.can_launch for o in self.sizes):
             cheapest = min(self.sizes, key=lambda option: option.needed_gpu_seconds)
             return cheapest.refusal
         return ""
-
-
-def live_limit() -> int:
-    """How many live instances one person may have at once (MAX_LIVE_INSTANCES_PER_USER, default 4)."""
-    return getattr(settings, "MAX_LIVE_INSTANCES_PER_USER", 4)
 
 
 def launchable_images():
@@ -212,16 +211,21 @@ def launch_options(user, *, now: datetime | None = None) -> LaunchOptions:
     other_gpus, unbilled = _burning(user, now or timezone.now())
     committed = other_gpus * launch_window_seconds() + unbilled
     live_count = Instance.objects.filter(user=user, state__in=BURNING_STATES).count()
-    options = [
-        SizeOption(
-            size=size,
-            available_gpu_seconds=balance - committed,
-            other_gpus=other_gpus,
-            runway_gpu_seconds=balance - unbilled,
-            allowed_message=size_policy_message(user, size),
+    policy = LaunchPolicy.current()
+    options = []
+    for size in SIZES.values():
+        policy_refusal = entitlements.size_refusal(user, size, policy)
+        options.append(
+            SizeOption(
+                size=size,
+                available_gpu_seconds=balance - committed,
+                other_gpus=other_gpus,
+                runway_gpu_seconds=balance - unbilled,
+                allowed_message=policy_refusal.message if policy_refusal else "",
+                policy_refusal=policy_refusal,
+                session_limit=entitlements.session_limit_text(size, policy),
+            )
         )
-        for size in SIZES.values()
-    ]
     return LaunchOptions(
         balance_gpu_seconds=balance,
         committed_gpu_seconds=committed,
@@ -229,7 +233,8 @@ def launch_options(user, *, now: datetime | None = None) -> LaunchOptions:
         images=launchable_images(),
         verified=user.email_verified,
         live_count=live_count,
-        live_limit=live_limit(),
+        live_limit=policy.max_live_instances,
+        suspension=user.suspension_notice,
     )
 
 
@@ -279,8 +284,9 @@ def queue_position(instance: Instance) -> int | None:
 
 
 def lab_url(instance: Instance) -> str:
-    """Where the owner opens JupyterLab: the portal's gateway route. Never carries the token."""
-    return lab_path(instance.id)
+    """Where the owner opens JupyterLab: the gateway's /open route, which works in path and subdomain
+    mode. Never carries the token."""
+    return open_path(instance.id)
 
 
 def stop_reason_text(instance: Instance) -> str:

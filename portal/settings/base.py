@@ -206,6 +206,11 @@ DEVCLOUD_DOCKER_TIMEOUT = env.int("DEVCLOUD_DOCKER_TIMEOUT", default=30)
 DEVCLOUD_PIDS_PER_GPU = env.int("DEVCLOUD_PIDS_PER_GPU", default=4096)
 # Where the local driver keeps workspaces and run directories.
 DEVCLOUD_LOCAL_ROOT = env("DEVCLOUD_LOCAL_ROOT", default=str(BASE_DIR / "var"))
+# Lab origin for subdomain mode, e.g. "https://{instance_id}.lab.example.com"; empty = path mode
+# (/instances/<uuid>/lab/ on the portal's own host). See docs/gateway.md.
+GATEWAY_LAB_URL = env("GATEWAY_LAB_URL", default="")
+# Shared secret nginx sends as X-DevCloud-Gateway-Secret to /instances/<uuid>/auth; empty = off.
+GATEWAY_AUTH_SECRET = env("GATEWAY_AUTH_SECRET", default="")
 # A launch needs at least this many minutes of credit at its size, after what the user's other live
 # instances will burn in the same window.
 LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
@@ -251,7 +256,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-    "loggers": {"axes": {"level": "WARNING"}},
+    # httpx logs every proxied request at INFO.
+    "loggers": {"axes": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
 
 CELERY_BEAT_SCHEDULE = {

@@ -169,7 +169,7 @@ def test_the_progress_json_follows_the_instance_to_ready(alice_client, alice, im
 
     assert (ready["state"], ready["step"], ready["queue_position"]) == ("running", "ready", None)
     assert [s["status"] for s in ready["steps"]] == ["done"] * 5
-    assert ready["lab_url"] == f"/instances/{instance.id}/lab/"
+    assert ready["lab_url"] == f"/instances/{instance.id}/open"
     assert [e["step"] for e in ready["events"]] == ["queued", "allocating", "starting", "waiting", "ready"]
     token = Instance.objects.get(pk=instance.pk).jupyter_token
     assert token not in alice_client.get(url).content.decode()
@@ -202,7 +202,7 @@ def test_the_list_offers_jupyterlab_and_stop_for_a_running_instance(alice_client
     response = alice_client.get(reverse("instances:list"))
 
     html = response.content.decode()
-    assert f'href="/instances/{instance.id}/lab/"' in html and "Open JupyterLab" in html
+    assert f'href="/instances/{instance.id}/open"' in html and "Open JupyterLab" in html
     assert f'action="{reverse("instances:stop", args=[instance.id])}"' in html
 
 

@@ -1,0 +1,150 @@
+"""Latency the gateway adds: JupyterLab's /api/status through the gateway vs straight to JupyterLab.
+
+A real JupyterLab subprocess, and the portal under uvicorn in its own process (as `make run` serves
+it), on a scratch PostgreSQL database. Requests alternate between the two routes, one at a time, over
+kept-alive connections, so both see the same machine load:
+- direct:  GET <endpoint>/instances/<id>/lab/api/status with the token header;
+- gateway: the same path on the portal with the owner's session cookie, decision cached (a lab
+  page load is a burst of requests from one session);
+- gateway, uncached: each request from a new session, so every one pays the session, user and
+  instance reads. Under portal.settings.test that includes opening a PostgreSQL connection (about
+  20 ms here); production's DATABASE_CONN_MAX_AGE keeps the gateway's few threads connected, and the
+  reads alone take about 3 ms.
+"""
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks import scratch_database, summarize_ms
+
+DATABASE = "devcloud_bench_gateway"
+REQUESTS = 200
+WARMUP = 20
+
+
+def _database_url(settings_dict) -> str:
+    user = settings_dict.get("USER") or "postgres"
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
+
+
+def _start_portal(port: int, database_url: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings.test", "DATABASE_URL": database_url}
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "portal.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    with open(log, "wb") as log_file:
+        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+
+
+def _timed_get(client: httpx.Client, url: str, **kwargs) -> float:
+    started = time.perf_counter()
+    response = client.get(url, **kwargs)
+    elapsed = time.perf_counter() - started
+    if response.status_code != 200:
+        raise RuntimeError(f"GET {url} answered {response.status_code}: {response.text[:200]}")
+    return elapsed
+
+
+def main() -> dict:
+    # httpx logs every request at INFO; 600 lines would bury the figures.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from django.conf import settings
+    from django.db import connection
+    from django.test import Client
+
+    from portal.accounts.models import User
+    from portal.instances.models import Image, Instance
+    from tests.gateway.helpers import free_port, start_jupyterlab, wait_until
+
+    with scratch_database(DATABASE), tempfile.TemporaryDirectory(prefix="bench-gateway-") as scratch:
+        scratch = Path(scratch)
+        (scratch / "root").mkdir()
+        (scratch / "home").mkdir()
+        user = User.objects.create_user("bench@example.com", "bench-password-0123")
+        image = Image.objects.create(key="cpu", name="CPU", sizes=["1x"], reference="devcloud/cpu:bench")
+        token = secrets.token_hex(24)
+        instance = Instance.objects.create(
+            user=user, size="1x", image=image, state=Instance.State.RUNNING, jupyter_token=token
+        )
+        lab, endpoint = start_jupyterlab(
+            instance_id=instance.id, token=token, root_dir=scratch / "root", home=scratch / "home"
+        )
+        Instance.objects.filter(id=instance.id).update(driver_state={"endpoint": endpoint})
+        port = free_port()
+        portal = _start_portal(port, _database_url(connection.settings_dict), scratch / "portal.log")
+        try:
+            gateway_url = f"http://127.0.0.1:{port}"
+            wait_until(
+                lambda: httpx.get(f"{gateway_url}/accounts/login/").status_code == 200,
+                timeout=60,
+                what="the portal to answer",
+            )
+            path = f"/instances/{instance.id}/lab/api/status"
+
+            def new_session() -> str:
+                browser = Client()
+                browser.force_login(user)
+                return browser.cookies[settings.SESSION_COOKIE_NAME].value
+
+            fresh_sessions = [new_session() for _ in range(REQUESTS)]
+            direct, cached, uncached = [], [], []
+            with (
+                httpx.Client(headers={"Authorization": f"token {token}"}) as to_lab,
+                httpx.Client(cookies={settings.SESSION_COOKIE_NAME: new_session()}) as to_gateway,
+                httpx.Client() as to_gateway_cold,
+            ):
+                for _ in range(WARMUP):
+                    _timed_get(to_lab, endpoint + path)
+                    _timed_get(to_gateway, gateway_url + path)
+                for number in range(REQUESTS):
+                    direct.append(_timed_get(to_lab, endpoint + path))
+                    cached.append(_timed_get(to_gateway, gateway_url + path))
+                    cookie = {"Cookie": f"{settings.SESSION_COOKIE_NAME}={fresh_sessions[number]}"}
+                    uncached.append(_timed_get(to_gateway_cold, gateway_url + path, headers=cookie))
+        finally:
+            portal.terminate()
+            lab.terminate()
+            portal.wait(timeout=15)
+            lab.wait(timeout=15)
+
+    figures = {
+        "direct": summarize_ms(direct),
+        "gateway": summarize_ms(cached),
+        "gateway_uncached": summarize_ms(uncached),
+    }
+    base = figures["direct"]["median_ms"]
+    print(f"GET /api/status, {REQUESTS} requests each, one at a time")
+    for name, summary in figures.items():
+        ratio = summary["median_ms"] / base if base else float("nan")
+        print(
+            f"  {name:<17} median {summary['median_ms']:7.2f} ms  p95 {summary['p95_ms']:7.2f} ms  "
+            f"max {summary['max_ms']:7.2f} ms  ratio to direct {ratio:5.2f}x"
+        )
+    return {
+        "direct_median_ms": base,
+        "gateway_median_ms": figures["gateway"]["median_ms"],
+        "gateway_uncached_median_ms": figures["gateway_uncached"]["median_ms"],
+        "gateway_ratio": round(figures["gateway"]["median_ms"] / base, 2) if base else None,
+        "gateway_uncached_ratio": round(figures["gateway_uncached"]["median_ms"] / base, 2) if base else None,
+    }

@@ -1,0 +1,202 @@
+"""What crosses the gateway in each direction, and what does not.
+
+Upstream (to JupyterLab) the portal's own cookies are removed: code in the instance must never see the
+portal session, which would let it act as the user on the portal. The token is sent as
+`Authorization: token ...`, which Jupyter Server (2.x) treats as token authentication. A
+token-authenticated request skips both of Jupyter's cross-site defences: `check_xsrf_cookie` returns
+early and `skip_check_origin` is true (IdentityProvider.should_check_origin). So the browser needs no
+`_xsrf` dance, and the gateway's own Origin check (`origin_allowed`) is the only thing standing
+between another site and the kernel, with the session cookie's SameSite=Lax behind it. Origin is
+still rewritten to JupyterLab's own, so the request also passes should a later Jupyter check it.
+
+Downstream (to the browser) the instance is treated as untrusted: it may not set or overwrite portal
+cookies or cookies outside its own path, and its CORS headers are dropped (the gateway serves the lab
+to its own origin only).
+"""
+
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from django.conf import settings
+
+# RFC 9110 section 7.6.1, plus headers the gateway sets itself.
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+}
+CLIENT_HEADERS_DROPPED = HOP_BY_HOP | {
+    "host",
+    "cookie",
+    "authorization",
+    "origin",
+    "content-length",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+    "forwarded",
+}
+UPSTREAM_HEADERS_DROPPED = HOP_BY_HOP | {
+    "set-cookie",
+    "access-control-allow-origin",
+    "access-control-allow-credentials",
+    "access-control-allow-headers",
+    "access-control-allow-methods",
+    "access-control-expose-headers",
+}
+
+
+def portal_cookie_names() -> set[str]:
+    """Cookies that belong to the portal and never go to an instance."""
+    return {
+        settings.SESSION_COOKIE_NAME,
+        settings.CSRF_COOKIE_NAME,
+        settings.LANGUAGE_COOKIE_NAME,
+        "messages",  # django.contrib.messages' cookie storage
+    }
+
+
+def decoded_headers(scope) -> dict[str, str]:
+    """The request headers as a lower-case dict; repeated headers are joined as HTTP allows."""
+    result: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", []):
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        if name in result:
+            result[name] = f"{result[name]}; {value}" if name == "cookie" else f"{result[name]}, {value}"
+        else:
+            result[name] = value
+    return result
+
+
+def cookie_value(cookie_header: str, name: str) -> str | None:
+    for part in cookie_header.split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key == name:
+            return value
+    return None
+
+
+def strip_portal_cookies(cookie_header: str) -> str:
+    """Returns the Cookie header without the portal's cookies (kept verbatim otherwise)."""
+    dropped = portal_cookie_names()
+    kept = [
+        part.strip()
+        for part in cookie_header.split(";")
+        if part.strip() and part.strip().partition("=")[0] not in dropped
+    ]
+    return "; ".join(kept)
+
+
+def upstream_origin(endpoint: str) -> str:
+    parts = urlsplit(endpoint)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def upstream_request_headers(scope, token: str, endpoint: str) -> list[tuple[str, str]]:
+    """Headers for the request to JupyterLab: the client's, minus portal cookies, plus the token.
+
+    Origin is rewritten to JupyterLab's own, so its `check_origin` (Origin host == Host) accepts what
+    the gateway already checked against the portal's host.
+    """
+    headers = decoded_headers(scope)
+    connection_tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    result = [
+        (name, value)
+        for name, value in headers.items()
+        if name not in CLIENT_HEADERS_DROPPED
+        and name not in connection_tokens
+        and not name.startswith("sec-websocket-")
+    ]
+    # Only encodings httpx can decode, so the gateway can read (and scrub) any body it has to.
+    accepted = [e.strip() for e in headers.get("accept-encoding", "").split(",")]
+    usable = [e for e in accepted if e.split(";")[0].strip() in ("gzip", "deflate", "identity")]
+    result = [(name, value) for name, value in result if name != "accept-encoding"]
+    if usable:
+        result.append(("accept-encoding", ", ".join(usable)))
+    cookies = strip_portal_cookies(headers.get("cookie", ""))
+    if cookies:
+        result.append(("cookie", cookies))
+    if "origin" in headers:
+        result.append(("origin", upstream_origin(endpoint)))
+    if headers.get("content-length"):
+        result.append(("content-length", headers["content-length"]))
+    result.append(("authorization", f"token {token}"))
+    return result
+
+
+def origin_allowed(headers: dict[str, str]) -> bool:
+    """True unless the request carries an Origin from another host than the one it was sent to.
+
+    Browsers send Origin on websocket handshakes and on every POST/PUT/PATCH/DELETE, so this is what
+    stops another site (or, in subdomain mode, another instance's origin) from driving a kernel with
+    the user's cookies. Requests without Origin (curl, scripts) carry no ambient browser authority.
+    """
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    host = headers.get("host", "")
+    return origin != "null" and urlsplit(origin).netloc.lower() == host.lower()
+
+
+def _safe_set_cookie(value: str, path_prefix: str) -> bool:
+    """Whether an instance's Set-Cookie may reach the browser: its own path, no domain, no portal name."""
+    cookie = SimpleCookie()
+    try:
+        cookie.load(value)
+    except CookieError:
+        return False
+    if len(cookie) != 1:
+        return False
+    ((name, morsel),) = cookie.items()
+    if name in portal_cookie_names() or morsel["domain"]:
+        return False
+    path = morsel["path"]
+    # No Path means the request's directory, which is under the instance's prefix.
+    return not path or path.rstrip("/") + "/" == path_prefix or path.startswith(path_prefix)
+
+
+def strip_token_from_url(location: str, endpoint: str) -> str:
+    """A redirect as the browser may see it: no upstream host, no `token=` in the query."""
+    if endpoint and location.startswith(endpoint):
+        location = location[len(endpoint) :] or "/"
+    parts = urlsplit(location)
+    if "token" in parts.query:
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "token"])
+        location = urlunsplit(parts._replace(query=query))
+    return location
+
+
+def downstream_response_headers(raw_headers, *, path_prefix: str, endpoint: str, rewrite_body: bool):
+    """Headers for the browser from JupyterLab's response, filtered as the module docstring says.
+
+    `raw_headers` is a list of (bytes, bytes). When `rewrite_body` is set, the length and encoding go
+    too, because the gateway sends a decoded, rewritten body.
+    """
+    result = []
+    connection_tokens: set[str] = set()
+    for raw_name, raw_value in raw_headers:
+        if raw_name.lower() == b"connection":
+            connection_tokens |= {t.strip().lower() for t in raw_value.decode("latin-1").split(",")}
+    for raw_name, raw_value in raw_headers:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        if name == "set-cookie":
+            if _safe_set_cookie(value, path_prefix):
+                result.append((raw_name, raw_value))
+            continue
+        if name in UPSTREAM_HEADERS_DROPPED or name in connection_tokens:
+            continue
+        if rewrite_body and name in ("content-length", "content-encoding"):
+            continue
+        if name == "location":
+            result.append((raw_name, strip_token_from_url(value, endpoint).encode("latin-1")))
+            continue
+        result.append((raw_name, raw_value))
+    return result

@@ -1,0 +1,268 @@
+"""Helpers for the gateway tests: a real JupyterLab subprocess, uvicorn in a thread, browser stand-ins."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import uvicorn
+from django.conf import settings
+
+from portal.instances.models import Instance
+
+# One JupyterLab serves every test; each test makes the Instance row that points at it.
+LAB_INSTANCE_ID = uuid.uuid4()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, *, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except (httpx.TransportError, OSError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_jupyterlab(*, instance_id, token: str, root_dir: Path, home: Path) -> tuple[subprocess.Popen, str]:
+    """Starts JupyterLab with the base URL and token a driver would give it; returns (process, endpoint)."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(home / "config"),
+        "JUPYTER_DATA_DIR": str(home / "data"),
+    }
+    # The child holds its own copy of the log file; ours closes when the block ends.
+    with open(home / "jupyterlab.log", "wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                f"--ServerApp.token={token}",
+                f"--ServerApp.base_url=/instances/{instance_id}/lab/",
+                f"--port={port}",
+                "--ip=127.0.0.1",
+                "--no-browser",
+                f"--ServerApp.root_dir={root_dir}",
+                "--ServerApp.port_retries=0",
+                # Test machines and containers often run as root; the driver's image does not.
+                "--allow-root",
+                # As in a container listening on 0.0.0.0: the Host may be a lab subdomain (nginx tests).
+                "--ServerApp.allow_remote_access=True",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    status_url = f"{endpoint}/instances/{instance_id}/lab/api/status"
+
+    def answering():
+        if process.poll() is not None:
+            raise AssertionError(
+                f"JupyterLab exited with {process.returncode}; see {home / 'jupyterlab.log'}"
+            )
+        return httpx.get(status_url, headers={"Authorization": f"token {token}"}).status_code == 200
+
+    try:
+        wait_until(
+            answering,
+            timeout=60,
+            what="JupyterLab to answer",
+        )
+    except AssertionError:
+        process.kill()
+        raise
+    return process, endpoint
+
+
+class ServerThread:
+    """uvicorn serving portal.asgi:application on a free loopback port, in a background thread."""
+
+    def __init__(self):
+        from portal.asgi import application
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            application, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="gateway-uvicorn", daemon=True)
+
+    def start(self):
+        self.thread.start()
+        wait_until(lambda: self.server.started, timeout=15, what="uvicorn to start")
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def make_instance(user, image, *, endpoint: str, token: str, state=Instance.State.RUNNING, instance_id=None):
+    return Instance.objects.create(
+        id=instance_id or uuid.uuid4(),
+        user=user,
+        size="1x",
+        image=image,
+        state=state,
+        driver="local",
+        driver_state={"endpoint": endpoint},
+        jupyter_token=token,
+    )
+
+
+def session_cookie_for(client, user) -> str:
+    """Signs `user` in to the portal and returns the session cookie value a browser would hold."""
+    client.force_login(user)
+    return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+
+def browser(portal_server, session_key: str | None = None, **kwargs) -> httpx.Client:
+    """An httpx client standing in for a browser that holds `session_key` (or no session)."""
+    cookies = {settings.SESSION_COOKIE_NAME: session_key} if session_key else {}
+    return httpx.Client(
+        base_url=portal_server.url, cookies=cookies, follow_redirects=False, timeout=30, **kwargs
+    )
+
+
+def lab_url(instance_id, path: str = "") -> str:
+    return f"/instances/{instance_id}/lab/{path}"
+
+
+HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+
+
+class RecordingUpstream:
+    """A stand-in JupyterLab (http.server) that records each request and answers as a test tells it.
+
+    `responses` maps a path suffix (after the lab prefix) to (status, headers, body); other paths get
+    200 {"ok": true}.
+    """
+
+    def __init__(self, instance_id):
+        import http.server
+        import json
+
+        self.prefix = f"/instances/{instance_id}/lab/"
+        self.requests: list[dict] = []
+        self.responses: dict[str, tuple[int, list[tuple[str, str]], bytes]] = {}
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("content-length") or 0)
+                recorder.requests.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "cookies": self.headers.get_all("cookie") or [],
+                        "body": self.rfile.read(length),
+                    }
+                )
+                suffix = self.path.split("?")[0].removeprefix(recorder.prefix)
+                status, headers, body = recorder.responses.get(
+                    suffix, (200, [("Content-Type", "application/json")], json.dumps({"ok": True}).encode())
+                )
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def ws_connect(portal_server, path: str, session_key: str | None, **kwargs):
+    """Opens a websocket through the gateway as a browser on the portal's origin would."""
+    import websocket
+
+    if session_key:
+        kwargs.setdefault("cookie", f"{settings.SESSION_COOKIE_NAME}={session_key}")
+    kwargs.setdefault("origin", portal_server.url)
+    return websocket.create_connection(
+        portal_server.url.replace("http://", "ws://") + path, timeout=30, **kwargs
+    )
+
+
+class EchoWebsocketUpstream:
+    """A stand-in JupyterLab websocket endpoint that echoes frames and records how each socket ended.
+
+    Sending the text "close <code>" makes it close with that code; `closed_with` collects the close
+    codes it received from the gateway, `handshakes` the request headers and subprotocol of each.
+    """
+
+    def __init__(self):
+        from websockets.exceptions import ConnectionClosed
+        from websockets.sync.server import serve
+
+        self.closed_with: list[int | None] = []
+        self.handshakes: list[dict] = []
+
+        def handler(ws):
+            self.handshakes.append(
+                {
+                    "path": ws.request.path,
+                    "headers": {k.lower(): v for k, v in ws.request.headers.raw_items()},
+                    "subprotocol": ws.subprotocol,
+                }
+            )
+            try:
+                for message in ws:
+                    if isinstance(message, str) and message.startswith("close "):
+                        ws.close(int(message.split()[1]), "closed by the lab")
+                        break
+                    ws.send(message)
+            except ConnectionClosed:
+                # The gateway closed with a code other than 1000; `closed_with` records which.
+                pass
+            finally:
+                self.closed_with.append(ws.close_code)
+
+        def select_subprotocol(connection, offered):
+            # As Jupyter Server does: the v1 kernel protocol when offered, none otherwise.
+            return "v1.kernel.websocket.jupyter.org" if "v1.kernel.websocket.jupyter.org" in offered else None
+
+        self.server = serve(handler, "127.0.0.1", 0, select_subprotocol=select_subprotocol)
+        self.endpoint = f"http://127.0.0.1:{self.server.socket.getsockname()[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()

@@ -1,0 +1,299 @@
+"""Production's subdomain mode, end to end: the nginx config in docs/gateway.md, run by a real nginx in
+front of the gateway and a real JupyterLab. Skipped where nginx is not installed (`apt-get install
+nginx-core`)."""
+
+import datetime
+import json
+import re
+import shutil
+import ssl
+import subprocess
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import websocket
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from django.conf import settings as django_settings
+
+from portal.gateway import tickets
+
+from .helpers import HTML, RecordingUpstream, free_port, make_instance, session_cookie_for, wait_until
+from .test_lab_kernel import execute_request, stream_output
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed"),
+]
+
+SECRET = "nginx-shared-secret-for-tests"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
+
+
+def documented_config() -> str:
+    text = DOCS.read_text()
+    match = re.search(r"<!-- nginx-config -->\s*```nginx\n(.*?)```", text, re.DOTALL)
+    assert match, "docs/gateway.md lost its nginx config block"
+    return match.group(1)
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "devcloud test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("portal.example.com"), x509.DNSName("*.lab.example.com")]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture(scope="module")
+def nginx(portal_server, tmp_path_factory):
+    """The documented config in a real nginx on a free loopback port; yields its port."""
+    root = tmp_path_factory.mktemp("nginx")
+    cert, key = self_signed(root)
+    port = free_port()
+    block = documented_config()
+    block = block.replace("listen 443 ssl;", f"listen 127.0.0.1:{port} ssl;")
+    block = block.replace("server 127.0.0.1:8000;", f"server 127.0.0.1:{portal_server.port};")
+    block = block.replace("CHANGE-ME-GATEWAY-SECRET", SECRET)
+    block = re.sub(r"ssl_certificate\s+\S+;", f"ssl_certificate {cert};", block)
+    block = re.sub(r"ssl_certificate_key\s+\S+;", f"ssl_certificate_key {key};", block)
+    temp_paths = "\n".join(
+        f"    {kind}_temp_path {root / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    (root / "nginx.conf").write_text(
+        f"daemon off;\npid {root / 'nginx.pid'};\nerror_log {root / 'error.log'} info;\n"
+        f"events {{}}\nhttp {{\n    access_log {root / 'access.log'};\n{temp_paths}\n{block}\n}}\n"
+    )
+    check = subprocess.run(
+        ["nginx", "-t", "-p", str(root), "-c", str(root / "nginx.conf")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
+    process = subprocess.Popen(
+        ["nginx", "-p", str(root), "-c", str(root / "nginx.conf")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_until(
+        lambda: httpx.get(f"https://127.0.0.1:{port}/", verify=False).status_code > 0,
+        timeout=10,
+        what="nginx to listen",
+    )
+    yield port
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def subdomain_mode(settings):
+    settings.GATEWAY_LAB_URL = "https://{instance_id}.lab.example.com"
+    settings.GATEWAY_AUTH_SECRET = SECRET
+
+
+def via_nginx(
+    nginx,
+    host: str,
+    path: str,
+    *,
+    cookies: dict | None = None,
+    headers: dict | None = None,
+    method: str = "GET",
+    **kwargs,
+) -> httpx.Response:
+    cookie_header = "; ".join(f"{k}={v}" for k, v in (cookies or {}).items())
+    all_headers = {"Host": host, **({"Cookie": cookie_header} if cookie_header else {}), **(headers or {})}
+    return httpx.request(
+        method, f"https://127.0.0.1:{nginx}{path}", headers=all_headers, verify=False, timeout=30, **kwargs
+    )
+
+
+def enter_lab(nginx, client, user, instance) -> str:
+    """Clicks "Open JupyterLab" on the portal host and follows the ticket; returns the lab cookie."""
+    session_key = session_cookie_for(client, user)
+    opened = via_nginx(
+        nginx,
+        "portal.example.com",
+        f"/instances/{instance.id}/open",
+        cookies={django_settings.SESSION_COOKIE_NAME: session_key},
+        headers=HTML,
+    )
+    assert opened.status_code == 302, opened.text
+    location = urlsplit(opened.headers["location"])
+    assert location.netloc == f"{instance.id}.lab.example.com"
+    redeemed = via_nginx(nginx, location.netloc, f"{location.path}?{location.query}", headers=HTML)
+    assert redeemed.status_code == 302, redeemed.text
+    assert redeemed.headers["location"] == f"/instances/{instance.id}/lab/"
+    return redeemed.cookies[tickets.LAB_COOKIE_NAME]
+
+
+def lab_host(instance) -> str:
+    return f"{instance.id}.lab.example.com"
+
+
+def test_it_opens_jupyterlab_on_its_subdomain_without_the_token(
+    client, alice, alice_lab, nginx, subdomain_mode
+):
+    lab_cookie = enter_lab(nginx, client, alice, alice_lab)
+    cookies = {tickets.LAB_COOKIE_NAME: lab_cookie}
+
+    status = via_nginx(
+        nginx, lab_host(alice_lab), f"/instances/{alice_lab.id}/lab/api/status", cookies=cookies
+    )
+    page = via_nginx(
+        nginx, lab_host(alice_lab), f"/instances/{alice_lab.id}/lab/lab", cookies=cookies, headers=HTML
+    )
+
+    assert status.status_code == 200 and "started" in status.json()
+    assert page.status_code == 200 and "jupyter-config-data" in page.text
+    assert alice_lab.jupyter_token not in page.text
+    assert "access-control-allow-origin" not in page.headers
+
+
+def test_it_runs_a_kernel_over_the_subdomain_websocket(client, alice, alice_lab, nginx, subdomain_mode):
+    lab_cookie = enter_lab(nginx, client, alice, alice_lab)
+    cookies = {tickets.LAB_COOKIE_NAME: lab_cookie}
+    origin = f"https://{lab_host(alice_lab)}:{nginx}"
+    created = via_nginx(
+        nginx,
+        f"{lab_host(alice_lab)}:{nginx}",
+        f"/instances/{alice_lab.id}/lab/api/kernels",
+        cookies=cookies,
+        method="POST",
+        json={"name": "python3"},
+        headers={"Origin": origin},
+    )
+    assert created.status_code == 201, created.text
+    kernel_id = created.json()["id"]
+
+    ws = websocket.create_connection(
+        f"wss://127.0.0.1:{nginx}/instances/{alice_lab.id}/lab/api/kernels/{kernel_id}/channels",
+        host=f"{lab_host(alice_lab)}:{nginx}",
+        origin=origin,
+        cookie=f"{tickets.LAB_COOKIE_NAME}={lab_cookie}",
+        sslopt={"cert_reqs": ssl.CERT_NONE},
+        timeout=30,
+    )
+    try:
+        request = execute_request("print(6*7)")
+        ws.send(json.dumps(request))
+        output = stream_output(ws, request["header"]["msg_id"], decode=lambda w: json.loads(w.recv()))
+    finally:
+        ws.close()
+        via_nginx(
+            nginx,
+            lab_host(alice_lab),
+            f"/instances/{alice_lab.id}/lab/api/kernels/{kernel_id}",
+            cookies=cookies,
+            method="DELETE",
+        )
+
+    assert output == "42\n"
+
+
+def test_it_refuses_a_websocket_from_another_lab_origin(client, alice, alice_lab, nginx, subdomain_mode):
+    lab_cookie = enter_lab(nginx, client, alice, alice_lab)
+    handshake = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+
+    response = via_nginx(
+        nginx,
+        f"{lab_host(alice_lab)}:{nginx}",
+        f"/instances/{alice_lab.id}/lab/api/events/subscribe",
+        cookies={tickets.LAB_COOKIE_NAME: lab_cookie},
+        headers={**handshake, "Origin": f"https://{uuid.uuid4()}.lab.example.com"},
+    )
+
+    # nginx sends every refusal to the portal's /open; a websocket cannot follow it.
+    assert response.status_code == 302
+    assert response.headers["location"].endswith(f"/instances/{alice_lab.id}/open")
+
+
+def test_it_sends_a_browser_without_the_lab_cookie_to_the_portal(alice_lab, nginx, subdomain_mode):
+    response = via_nginx(nginx, lab_host(alice_lab), f"/instances/{alice_lab.id}/lab/lab", headers=HTML)
+
+    assert response.status_code == 302
+    assert response.headers["location"] == f"https://portal.example.com/instances/{alice_lab.id}/open"
+
+
+def test_it_keeps_one_lab_cookie_out_of_another_lab(
+    client, alice, bob, image, alice_lab, nginx, subdomain_mode
+):
+    bob_lab = make_instance(bob, image, endpoint=alice_lab.driver_state["endpoint"], token="bob-token")
+    bob_cookie = enter_lab(nginx, client, bob, bob_lab)
+
+    response = via_nginx(
+        nginx,
+        lab_host(alice_lab),
+        f"/instances/{alice_lab.id}/lab/api/status",
+        cookies={tickets.LAB_COOKIE_NAME: bob_cookie},
+    )
+
+    assert response.status_code == 302
+
+
+def test_it_never_passes_the_lab_cookie_to_the_instance(client, alice, image, nginx, subdomain_mode):
+    instance_id = uuid.uuid4()
+    with RecordingUpstream(instance_id) as upstream:
+        instance = make_instance(
+            alice, image, endpoint=upstream.endpoint, token="t0ken-for-recording", instance_id=instance_id
+        )
+        lab_cookie = enter_lab(nginx, client, alice, instance)
+        response = via_nginx(
+            nginx,
+            lab_host(instance),
+            f"/instances/{instance_id}/lab/api/status",
+            cookies={"_xsrf": "lab-own", tickets.LAB_COOKIE_NAME: lab_cookie, "theme": "dark"},
+        )
+
+    assert response.status_code == 200
+    (seen,) = upstream.requests
+    assert lab_cookie not in repr(seen)
+    assert seen["cookies"] == ["_xsrf=lab-own; theme=dark"]
+    assert seen["headers"]["authorization"] == "token t0ken-for-recording"
+
+
+def test_it_serves_no_lab_routes_on_the_portal_host(client, alice, alice_lab, nginx, subdomain_mode):
+    session_key = session_cookie_for(client, alice)
+    for path in ("lab/api/status", "auth", "redeem"):
+        response = via_nginx(
+            nginx,
+            "portal.example.com",
+            f"/instances/{alice_lab.id}/{path}",
+            cookies={django_settings.SESSION_COOKIE_NAME: session_key},
+            headers={"X-DevCloud-Gateway-Secret": SECRET},
+        )
+        assert response.status_code == 404, path
