@@ -1,15 +1,30 @@
-"""Operator console for GPU hosts: register (with a live engine check), discover, drain, and the GPU map."""
+"""Operator console for GPU hosts: register (with a live engine check), discover, the GPU map, drain, cordon
+and evict, retire, and the host's images with pre-pull or build jobs whose progress the page polls.
+
+Every state change goes through a confirmation page that asks for the reason, and through services, which
+record it in the audit log. The state is not editable on the host's form, so nothing bypasses that.
+"""
+
+from dataclasses import dataclass
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
-from django.urls import NoReverseMatch, reverse
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.timesince import timesince
 
-from . import selectors, services
+from portal.console.services import audit_record
+from portal.instances.models import Image, Instance
+
+from . import images, selectors, services
 from .inventory import InventoryError
-from .models import Gpu, GpuHost
+from .models import Gpu, GpuHost, ImageJob
 
 # Changing any of these means talking to a different engine (or as someone else): check it again.
 ENGINE_FIELDS = ("docker_url", "tls_ca_cert", "tls_client_cert", "tls_client_key")
@@ -121,6 +136,82 @@ def _instance_link(instance) -> str:
     return format_html('<a href="{}">{}</a>', url, instance.short_id)
 
 
+class ReasonForm(forms.Form):
+    """The operator's reason for a host state change: it goes into the audit log (and, for an eviction,
+    to every owner whose instance is stopped)."""
+
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=1000,
+        help_text="Recorded in the audit log under your name. For an eviction, each owner is emailed it.",
+        error_messages={"required": "Give a reason: it is recorded with the action."},
+    )
+
+
+class ImageJobForm(forms.Form):
+    """Which catalogue image to put onto the selected hosts."""
+
+    image = forms.ModelChoiceField(
+        queryset=Image.objects.filter(is_enabled=True),
+        empty_label=None,
+        help_text="An image with a build context is built on the host from containers/; others are pulled.",
+    )
+    reason = forms.CharField(
+        required=False, max_length=1000, widget=forms.TextInput(attrs={"size": 60}), help_text="Optional."
+    )
+
+
+@dataclass(frozen=True)
+class HostOperation:
+    """One of the state changes an operator confirms with a reason."""
+
+    key: str
+    title: str
+    explanation: str
+    button: str
+    danger: bool = False
+
+
+HOST_OPERATIONS = {
+    operation.key: operation
+    for operation in (
+        HostOperation(
+            "drain",
+            "Drain",
+            "The scheduler places nothing new on these hosts. Instances already there keep running until "
+            "their owners stop them.",
+            "Drain",
+        ),
+        HostOperation(
+            "evict",
+            "Cordon and evict",
+            "The hosts stop taking new instances, and every live instance on them is stopped now: billing "
+            "ends at once, workspaces are kept, and each owner is emailed your reason.",
+            "Stop these instances and cordon",
+            danger=True,
+        ),
+        HostOperation(
+            "retire",
+            "Retire",
+            "The hosts leave service: their GPUs are never allocated again. Only a host without live "
+            "instances can be retired; drain it and wait, or cordon and evict it first.",
+            "Retire",
+            danger=True,
+        ),
+        HostOperation(
+            "activate",
+            "Mark active",
+            "The scheduler may place new instances on these hosts again.",
+            "Mark active",
+        ),
+    )
+}
+
+
+def _live_on(host):
+    return Instance.objects.filter(host=host, state__in=Instance.LIVE_STATES)
+
+
 @admin.register(GpuHost)
 class GpuHostAdmin(admin.ModelAdmin):
     form = GpuHostForm
@@ -129,7 +220,16 @@ class GpuHostAdmin(admin.ModelAdmin):
     search_fields = ["name", "docker_url"]
     readonly_fields = ["gpu_map", "last_seen_at", "last_error", "created_at"]
     inlines = [GpuInline]
-    actions = ["discover_gpus", "check_engines", "drain_hosts", "activate_hosts"]
+    actions = [
+        "discover_gpus",
+        "check_engines",
+        "drain_hosts",
+        "evict_hosts",
+        "retire_hosts",
+        "activate_hosts",
+        "ensure_image_on_hosts",
+    ]
+    change_form_template = "admin/provisioning/gpuhost/change_form.html"
 
     def get_queryset(self, request):
         return selectors.hosts_with_usage()
@@ -137,6 +237,10 @@ class GpuHostAdmin(admin.ModelAdmin):
     def get_inlines(self, request, obj):
         # GPUs exist only once discovery has run on a saved host.
         return self.inlines if obj is not None else []
+
+    def get_readonly_fields(self, request, obj=None):
+        # A saved host changes state only through the confirmed, audited operations.
+        return [*self.readonly_fields, "state"] if obj is not None else self.readonly_fields
 
     def get_fieldsets(self, request, obj=None):
         engine_fields = ["name", "docker_url", "tls_ca_cert", "tls_client_cert", "tls_client_key"]
@@ -160,11 +264,12 @@ class GpuHostAdmin(admin.ModelAdmin):
     def gpu_map(self, host):
         rows = selectors.gpu_map(host)
         if not rows:
-            return "No GPUs discovered yet: run the \"Discover GPUs\" action."
+            return 'No GPUs discovered yet: run the "Discover GPUs" action.'
+        now = timezone.now()
         body = format_html_join(
             "",
             "<tr><td>{}</td><td>/dev/dri/renderD{}</td><td>{}</td><td>{}</td>"
-            "<td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
                     row.gpu.node_id,
@@ -174,13 +279,15 @@ class GpuHostAdmin(admin.ModelAdmin):
                     _instance_link(row.instance) if row.instance else "free",
                     row.owner_email or "—",
                     row.held_since.strftime("%Y-%m-%d %H:%M UTC") if row.held_since else "—",
+                    # "2 hours, 5 minutes", with no-break spaces that keep each cell on one line.
+                    timesince(row.held_since, now) if row.held_since else "—",
                 )
                 for row in rows
             ),
         )
         return format_html(
             "<table><thead><tr><th>KFD node</th><th>Render node</th><th>Location (PCI)</th><th>Present</th>"
-            "<th>Instance</th><th>Owner</th><th>Since</th></tr></thead><tbody>{}</tbody></table>",
+            "<th>Instance</th><th>Owner</th><th>Since</th><th>Held for</th></tr></thead><tbody>{}</tbody></table>",
             body,
         )
 
@@ -190,12 +297,155 @@ class GpuHostAdmin(admin.ModelAdmin):
             return
         # The form just reached the engine, so the host was seen now.
         GpuHost.objects.filter(pk=obj.pk).update(last_seen_at=timezone.now())
+        audit_record(
+            actor=request.user,
+            action="host.add",
+            target=obj,
+            details={"docker_url": obj.docker_url, "state": obj.state},
+        )
         try:
             summary = services.host_discover(host_id=obj.pk)
         except InventoryError as error:
             self.message_user(request, f"Saved, but GPU discovery failed: {error}", messages.WARNING)
         else:
             self.message_user(request, f"Discovered {summary}", messages.SUCCESS)
+
+    # --- Change page: images and jobs ---------------------------------------------------------------
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = extra_context or {}
+        host = self.get_object(request, object_id)
+        if host is not None:
+            found = images.host_images(host)
+            jobs = list(ImageJob.objects.filter(host=host).select_related("host", "image")[:10])
+            extra_context.update(
+                host_images=found,
+                host_operations=[
+                    (operation, reverse("admin:provisioning_gpuhost_state", args=[host.pk, operation.key]))
+                    for operation in HOST_OPERATIONS.values()
+                ],
+                image_jobs=[images.image_job_status(job) for job in jobs],
+                image_jobs_status_url=reverse("admin:provisioning_gpuhost_image_jobs_status")
+                + f"?host={host.pk}",
+                ensure_image_url=reverse("admin:provisioning_gpuhost_ensure_image", args=[host.pk]),
+                can_change_host=self.has_change_permission(request, host),
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def get_urls(self):
+        # Before the default URLs, whose "<path:object_id>/" would swallow these.
+        view = self.admin_site.admin_view
+        return [
+            path(
+                "<int:host_id>/state/<slug:operation>/",
+                view(self.state_view),
+                name="provisioning_gpuhost_state",
+            ),
+            path(
+                "<int:host_id>/images/ensure/",
+                view(self.ensure_image_view),
+                name="provisioning_gpuhost_ensure_image",
+            ),
+            path("image-jobs/", view(self.image_jobs_view), name="provisioning_gpuhost_image_jobs"),
+            path(
+                "image-jobs/status.json",
+                view(self.image_jobs_status_view),
+                name="provisioning_gpuhost_image_jobs_status",
+            ),
+        ] + super().get_urls()
+
+    # --- Host state: drain, evict, retire, activate -------------------------------------------------
+
+    def state_view(self, request, host_id, operation):
+        """One host's state change from its page: the confirmation page, then the change."""
+        host = get_object_or_404(GpuHost, pk=host_id)
+        if not self.has_change_permission(request, host):
+            raise PermissionDenied
+        if operation not in HOST_OPERATIONS:
+            raise PermissionDenied
+        response = self._change_state(request, [host], HOST_OPERATIONS[operation], from_action=False)
+        return response or redirect("admin:provisioning_gpuhost_change", host.pk)
+
+    @admin.action(description="Drain (no new instances; running ones continue)", permissions=["change"])
+    def drain_hosts(self, request, queryset):
+        return self._change_state(request, list(queryset), HOST_OPERATIONS["drain"])
+
+    @admin.action(
+        description="Cordon and evict (stop their instances, tell the owners)", permissions=["change"]
+    )
+    def evict_hosts(self, request, queryset):
+        return self._change_state(request, list(queryset), HOST_OPERATIONS["evict"])
+
+    @admin.action(description="Retire (only hosts without live instances)", permissions=["change"])
+    def retire_hosts(self, request, queryset):
+        return self._change_state(request, list(queryset), HOST_OPERATIONS["retire"])
+
+    @admin.action(description="Mark active (accept new instances)", permissions=["change"])
+    def activate_hosts(self, request, queryset):
+        return self._change_state(request, list(queryset), HOST_OPERATIONS["activate"])
+
+    def _change_state(self, request, hosts, operation: HostOperation, *, from_action: bool = True):
+        """The confirmation page (listing what will happen) until a reason is posted; then the change,
+        reported host by host. Returns the page, or None once done (the caller goes back to the list)."""
+        confirmed = request.method == "POST" and "_confirm" in request.POST
+        form = ReasonForm(request.POST if confirmed else None)
+        if confirmed and form.is_valid():
+            for host in hosts:
+                self._apply(request, host, operation, form.cleaned_data["reason"])
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{operation.title}: {', '.join(host.name for host in hosts)}",
+            "operation": operation,
+            "form": form,
+            "hosts": [self._host_summary(host) for host in hosts],
+            "from_action": from_action,
+            "action_name": request.POST.get("action", ""),
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "cancel_url": (
+                reverse("admin:provisioning_gpuhost_changelist")
+                if from_action or len(hosts) != 1
+                else reverse("admin:provisioning_gpuhost_change", args=[hosts[0].pk])
+            ),
+        }
+        return TemplateResponse(request, "admin/provisioning/gpuhost/confirm_state.html", context)
+
+    @staticmethod
+    def _host_summary(host) -> dict:
+        return {
+            "host": host,
+            "live": list(_live_on(host).select_related("user", "image").order_by("created_at")),
+        }
+
+    def _apply(self, request, host, operation: HostOperation, reason: str) -> None:
+        actor = request.user
+        try:
+            if operation.key == "drain":
+                services.host_drain(host_id=host.pk, actor=actor, reason=reason)
+                running = _live_on(host).count()
+                self.message_user(
+                    request,
+                    f"Draining {host.name}: nothing new is placed there; {running} live instance(s) keep running.",
+                    messages.SUCCESS,
+                )
+            elif operation.key == "evict":
+                summary = services.host_evict(host_id=host.pk, actor=actor, reason=reason)
+                self.message_user(request, str(summary), messages.SUCCESS)
+            elif operation.key == "retire":
+                services.host_retire(host_id=host.pk, actor=actor, reason=reason)
+                self.message_user(
+                    request, f"Retired {host.name}: its GPUs get no new instances.", messages.SUCCESS
+                )
+            else:
+                services.host_activate(host_id=host.pk, actor=actor, reason=reason)
+                self.message_user(
+                    request, f"Activated {host.name}: it takes new instances.", messages.SUCCESS
+                )
+        except services.HostError as error:
+            self.message_user(request, f"Not changed: {error.message}", messages.ERROR)
+
+    # --- Engine actions ----------------------------------------------------------------------------
 
     @admin.action(description="Discover GPUs (read KFD sysfs)")
     def discover_gpus(self, request, queryset):
@@ -218,16 +468,94 @@ class GpuHostAdmin(admin.ModelAdmin):
             else:
                 self.message_user(request, f"{host.name}: Docker {version.get('Version', '?')} answered.")
 
-    @admin.action(description="Drain (no new instances; running ones continue)")
-    def drain_hosts(self, request, queryset):
-        for host in queryset:
-            services.host_drain(host_id=host.pk)
-        self.message_user(
-            request, f"Draining {len(queryset)} host(s): the scheduler places nothing new there."
-        )
+    # --- Images ------------------------------------------------------------------------------------
 
-    @admin.action(description="Mark active (accept new instances)")
-    def activate_hosts(self, request, queryset):
-        for host in queryset:
-            services.host_activate(host_id=host.pk)
-        self.message_user(request, f"{len(queryset)} host(s) active.")
+    @admin.action(description="Pre-pull or build an image", permissions=["change"])
+    def ensure_image_on_hosts(self, request, queryset):
+        """A page to pick the image; its form posts back here, and the jobs' progress page follows."""
+        hosts = list(queryset)
+        confirmed = request.method == "POST" and "_confirm" in request.POST
+        form = ImageJobForm(request.POST if confirmed else None)
+        if confirmed and form.is_valid():
+            jobs = self._request_jobs(request, hosts, form.cleaned_data["image"], form.cleaned_data["reason"])
+            if not jobs:
+                return None
+            ids = ",".join(str(job.pk) for job in jobs)
+            return redirect(reverse("admin:provisioning_gpuhost_image_jobs") + f"?ids={ids}")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Pre-pull or build an image",
+            "form": form,
+            "hosts": hosts,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/provisioning/gpuhost/ensure_image.html", context)
+
+    def ensure_image_view(self, request, host_id):
+        """The buttons of the host page's image list: this image on this host, or on every host."""
+        host = get_object_or_404(GpuHost, pk=host_id)
+        if request.method != "POST" or not self.has_change_permission(request, host):
+            raise PermissionDenied
+        image = Image.objects.filter(key=request.POST.get("image", ""), is_enabled=True).first()
+        if image is None:
+            self.message_user(request, "Choose an enabled catalogue image.", messages.ERROR)
+            return redirect("admin:provisioning_gpuhost_change", host.pk)
+        if request.POST.get("all_hosts"):
+            jobs = self._request_jobs(
+                request, list(GpuHost.objects.exclude(state=GpuHost.State.RETIRED)), image, ""
+            )
+            ids = ",".join(str(job.pk) for job in jobs)
+            return redirect(reverse("admin:provisioning_gpuhost_image_jobs") + f"?ids={ids}")
+        self._request_jobs(request, [host], image, "")
+        return redirect(reverse("admin:provisioning_gpuhost_change", args=[host.pk]) + "#host-images")
+
+    def _request_jobs(self, request, hosts, image, reason) -> list[ImageJob]:
+        try:
+            jobs = images.image_jobs_request(hosts=hosts, image=image, actor=request.user, reason=reason)
+        except ValueError as error:
+            self.message_user(request, str(error), messages.ERROR)
+            return []
+        skipped = len(hosts) - len(jobs)
+        if jobs:
+            self.message_user(
+                request,
+                f"Putting {image.reference} onto {', '.join(job.host.name for job in jobs)}: progress below.",
+                messages.SUCCESS,
+            )
+        if skipped:
+            self.message_user(request, f"Skipped {skipped} retired host(s).", messages.WARNING)
+        return jobs
+
+    def image_jobs_view(self, request):
+        """Progress of the jobs named in ?ids=, updated live by the page's poll."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        jobs = self._jobs_from(request)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Pre-pull and build jobs",
+            "image_jobs": [images.image_job_status(job) for job in jobs],
+            "image_jobs_status_url": reverse("admin:provisioning_gpuhost_image_jobs_status")
+            + f"?ids={','.join(str(job.pk) for job in jobs)}",
+        }
+        return TemplateResponse(request, "admin/provisioning/gpuhost/image_jobs.html", context)
+
+    def image_jobs_status_view(self, request):
+        """JSON for the progress poll: the jobs named in ?ids=, or the latest ten of ?host=."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        jobs = self._jobs_from(request)
+        response = JsonResponse({"jobs": [images.image_job_status(job) for job in jobs]})
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @staticmethod
+    def _jobs_from(request) -> list[ImageJob]:
+        jobs = ImageJob.objects.select_related("host", "image")
+        if "host" in request.GET:
+            host_id = request.GET["host"]
+            return list(jobs.filter(host_id=int(host_id))[:10]) if host_id.isdigit() else []
+        ids = [int(part) for part in request.GET.get("ids", "").split(",") if part.strip().isdigit()]
+        return list(jobs.filter(pk__in=ids[:200]).order_by("host__name", "pk"))

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -74,3 +75,47 @@ class GpuAllocation(models.Model):
                 fields=["gpu"], condition=Q(released_at__isnull=True), name="provisioning_gpu_one_live_holder"
             )
         ]
+
+
+class ImageJob(models.Model):
+    """One "pre-pull or build this image on this host" request, and how far it got.
+
+    Written by provisioning.images: created queued by the operator's action, moved to running by the
+    Celery task provisioning.ensure_image, then to done or failed. progress_text keeps the last lines of
+    build or pull output, so the console can show them while the job runs.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    ACTIVE_STATES = (State.QUEUED, State.RUNNING)
+
+    host = models.ForeignKey(GpuHost, on_delete=models.CASCADE, related_name="image_jobs")
+    image = models.ForeignKey("instances.Image", on_delete=models.CASCADE, related_name="host_jobs")
+    # The reference asked for, as the catalogue named it then (a later sync may give the image a new tag).
+    reference = models.CharField(max_length=200)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED, db_index=True)
+    # What ensure_image reported: "present", "built" or "pulled"; empty until done.
+    outcome = models.CharField(max_length=10, blank=True, default="")
+    progress_text = models.TextField(blank=True, default="")
+    # Build step n of m as a percentage; null while unknown (pulls report per layer, not overall).
+    percent = models.PositiveSmallIntegerField(null=True, blank=True)
+    # What went wrong and what the operator can do about it.
+    error = models.TextField(blank=True, default="")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Bumped with every progress write: a running job that stops moving lost its worker.
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.reference} on {self.host.name} ({self.state})"

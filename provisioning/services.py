@@ -1,6 +1,8 @@
-"""Operations on GPU hosts: register, check the Docker engine, discover GPUs, drain and reactivate.
+"""Operations on GPU hosts: register, check the Docker engine, discover GPUs, drain, cordon and evict,
+retire and reactivate; and the operator's stops of instances (one, or all of a host's).
 
-Instance operations live elsewhere; this module only changes GpuHost and Gpu rows.
+Instance lifecycles live elsewhere (portal.instances.services, provisioning.lifecycle): the stops here go
+through instance_request_stop and add the owner's notice and the audit entry. Host images are in images.py.
 """
 
 import re
@@ -13,8 +15,14 @@ import docker
 import docker.errors
 import docker.tls
 import requests
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+
+from portal.console.services import audit_record
+from portal.instances.models import Instance
+from portal.instances.services import instance_request_stop
+from portal.notifications.services import StopReason, notify_instance_stopped
 
 from .engine import EngineSettingsError, build_client, has_tls
 from .inventory import InventoryError, read_inventory
@@ -26,6 +34,11 @@ ENGINE_TIMEOUT_SECONDS = 5
 # A GPU whose render minor must make way for another node's is parked above any real minor until it is
 # rewritten, so the (host, render_minor) unique constraint holds at every statement.
 PARKED_MINOR_BASE = 1_000_000
+# What the owner's instance page shows for an instance stopped by a host eviction.
+STOP_REASON_EVICTED = "operator: host evicted"
+STOP_REASON_PREFIX = "operator: "
+# Instance.stop_reason holds 200 characters, the prefix included.
+FORCE_STOP_REASON_MAX = 200 - len(STOP_REASON_PREFIX)
 
 
 class HostError(Exception):
@@ -261,16 +274,218 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
     return summary
 
 
-def _host_set_state(host_id: int, state: str) -> GpuHost:
-    GpuHost.objects.filter(pk=host_id).update(state=state)
-    return GpuHost.objects.get(pk=host_id)
+# --- Host state: drain, cordon and evict, retire, reactivate ---------------------------------------------
+#
+# Each runs under the host's row lock, the lock the scheduler takes before it places anything there, so
+# a placement either happened before (and is seen here) or finds the host no longer active. Each is
+# recorded in the audit log, in the same transaction, with the operator's reason.
 
 
-def host_drain(*, host_id: int) -> GpuHost:
-    """Stop placing new instances on the host; running ones keep their GPUs. Returns the host."""
-    return _host_set_state(host_id, GpuHost.State.DRAINING)
+class HostBusy(HostError):
+    """The host still runs instances, so it cannot be retired yet."""
 
 
-def host_activate(*, host_id: int) -> GpuHost:
-    """Let the scheduler place instances on the host again. Returns the host."""
-    return _host_set_state(host_id, GpuHost.State.ACTIVE)
+def _lock_host(host_id: int) -> GpuHost:
+    return GpuHost.objects.select_for_update().get(pk=host_id)
+
+
+def _live_instances(host: GpuHost):
+    return Instance.objects.filter(host=host, state__in=Instance.LIVE_STATES).select_related("user", "image")
+
+
+def _audit(*, actor, action: str, host: GpuHost, reason: str, **details):
+    return audit_record(actor=actor, action=action, target=host, reason=reason, details=details)
+
+
+def _refuse_retired(host: GpuHost, doing: str) -> None:
+    if host.state == GpuHost.State.RETIRED:
+        raise HostError(f"{host.name} is retired; mark it active first if it should {doing}.")
+
+
+def host_drain(*, host_id: int, actor=None, reason: str = "") -> GpuHost:
+    """Stop placing new instances on the host; running ones keep their GPUs and run on. Returns the host.
+
+    Audited as "host.drain" with `reason`, under `actor` (None: the system). Raises HostError for a
+    retired host (draining would bring it back into the fleet).
+    """
+    with transaction.atomic():
+        host = _lock_host(host_id)
+        _refuse_retired(host, "take instances again")
+        previous = host.state
+        GpuHost.objects.filter(pk=host_id).update(state=GpuHost.State.DRAINING)
+        host.state = GpuHost.State.DRAINING
+        _audit(
+            actor=actor,
+            action="host.drain",
+            host=host,
+            reason=reason,
+            previous_state=previous,
+            live_instances=_live_instances(host).count(),
+        )
+    return host
+
+
+@dataclass
+class EvictionSummary:
+    """What host_evict did: instances it stopped (their owners were told) and ones already stopping."""
+
+    host: GpuHost
+    stopped: list = field(default_factory=list)
+    already_stopping: list = field(default_factory=list)
+
+    def __str__(self):
+        text = f"Evicted {self.host.name}: it is draining, {len(self.stopped)} instance(s) stopped and their owners told"
+        if self.already_stopping:
+            text += f"; {len(self.already_stopping)} were already stopping"
+        return text + "."
+
+
+def host_evict(*, host_id: int, actor, reason: str) -> EvictionSummary:
+    """Cordon the host (draining: nothing new is placed) and stop every instance on it, telling each owner.
+
+    Each queued, provisioning or running instance on the host is stopped as an operator stop
+    (stop_reason "operator: host evicted", charged up to now, workspace kept), and its owner gets an
+    instance_stopped notice carrying `reason`. Instances already stopping are left to finish. Audited as
+    "host.evict" before the stops, so the log shows the eviction even if a stop fails halfway; running
+    it again stops whatever is left and tells nobody twice. Returns an EvictionSummary.
+
+    Raises ValueError for a blank reason (the owners read it) and HostError for a retired host.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("Evicting a host needs a reason: the owners of its instances read it.")
+    with transaction.atomic():
+        host = _lock_host(host_id)
+        _refuse_retired(host, "be evicted")
+        previous = host.state
+        GpuHost.objects.filter(pk=host_id).update(state=GpuHost.State.DRAINING)
+        host.state = GpuHost.State.DRAINING
+        live = list(_live_instances(host).order_by("created_at"))
+        _audit(
+            actor=actor,
+            action="host.evict",
+            host=host,
+            reason=reason,
+            previous_state=previous,
+            instances=[str(instance.id) for instance in live],
+        )
+    summary = EvictionSummary(host=host)
+    for instance in live:
+        if instance.state == Instance.State.STOPPING:
+            summary.already_stopping.append(instance)
+            continue
+        # One transaction per instance: a stop that fails (it ended meanwhile) leaves the others alone.
+        stopped = _operator_stop(
+            instance_id=instance.id,
+            stop_reason=STOP_REASON_EVICTED,
+            reason=reason,
+            message=f"Stopped by an operator, who is evicting host {host.name}: {reason}",
+        )
+        if stopped is not None:
+            summary.stopped.append(stopped)
+    return summary
+
+
+def host_retire(*, host_id: int, actor, reason: str) -> GpuHost:
+    """Take the host out of service for good: state retired, so the scheduler never allocates its GPUs.
+
+    Only a host with no live instance (queued with its GPUs, provisioning, running or stopping) can be
+    retired. Audited as "host.retire". Returns the host.
+
+    Raises HostBusy, naming the instances, while any is live (drain and wait, or cordon and evict
+    first), and ValueError for a blank reason.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("Retiring a host needs a reason.")
+    with transaction.atomic():
+        host = _lock_host(host_id)
+        live = list(_live_instances(host).order_by("created_at"))
+        if live:
+            names = ", ".join(f"{instance.short_id} ({instance.state})" for instance in live[:10])
+            more = f" and {len(live) - 10} more" if len(live) > 10 else ""
+            raise HostBusy(
+                f"{host.name} still has {len(live)} live instance(s): {names}{more}. Drain it and wait "
+                "for them to stop, or cordon and evict it, then retire it."
+            )
+        previous = host.state
+        GpuHost.objects.filter(pk=host_id).update(state=GpuHost.State.RETIRED)
+        host.state = GpuHost.State.RETIRED
+        _audit(actor=actor, action="host.retire", host=host, reason=reason, previous_state=previous)
+    return host
+
+
+def host_activate(*, host_id: int, actor=None, reason: str = "") -> GpuHost:
+    """Let the scheduler place instances on the host again (also brings back a retired one). Returns the host.
+
+    Audited as "host.activate" with `reason`.
+    """
+    with transaction.atomic():
+        host = _lock_host(host_id)
+        previous = host.state
+        GpuHost.objects.filter(pk=host_id).update(state=GpuHost.State.ACTIVE)
+        host.state = GpuHost.State.ACTIVE
+        _audit(actor=actor, action="host.activate", host=host, reason=reason, previous_state=previous)
+    return host
+
+
+# --- Operator stops ----------------------------------------------------------------------------------
+#
+# The stop itself is portal.instances.services.instance_request_stop (billing ends at once, teardown is
+# enqueued); an operator's stop adds the notice to the owner, in the same transaction.
+
+
+def _operator_stop(*, instance_id, stop_reason: str, reason: str, message: str):
+    """Stop one instance for an operator and tell its owner why. Returns the Instance, or None when it
+    had already ended or was already stopping for another reason (then nobody is told anything)."""
+    with transaction.atomic():
+        try:
+            instance = instance_request_stop(
+                instance_id=instance_id, stop_reason=stop_reason, message=message
+            )
+        except ValidationError:
+            return None
+        if instance.stop_reason != stop_reason:
+            return None  # it was stopping already, for its own reason
+        notify_instance_stopped(instance=instance, reason=StopReason.OPERATOR, operator_reason=reason)
+    return instance
+
+
+def instance_force_stop(*, instance_id, actor, reason: str):
+    """An operator stops one instance. Returns it (stopping, or stopped if it was still queued).
+
+    The owner sees `reason` on their instance page (stop_reason "operator: <reason>") and in the
+    instance_stopped email; the audit log records it as "instance.force_stop". Billing ends at once.
+
+    Raises ValueError for a blank reason or one longer than FORCE_STOP_REASON_MAX characters, and
+    django's ValidationError when the instance has already ended or is already stopping.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("A force stop needs a reason: the owner reads it.")
+    if len(reason) > FORCE_STOP_REASON_MAX:
+        raise ValueError(f"Keep the reason within {FORCE_STOP_REASON_MAX} characters.")
+    with transaction.atomic():
+        before = Instance.objects.select_related("user", "host").get(id=instance_id)
+        if before.state == Instance.State.STOPPING:
+            raise ValidationError("This instance is already stopping.")
+        instance = _operator_stop(
+            instance_id=instance_id,
+            stop_reason=f"{STOP_REASON_PREFIX}{reason}",
+            reason=reason,
+            message=f"Stopped by an operator: {reason}",
+        )
+        if instance is None:
+            raise ValidationError(f"This instance has already {before.state}.")
+        audit_record(
+            actor=actor,
+            action="instance.force_stop",
+            target=instance,
+            reason=reason,
+            details={
+                "owner": before.user.email,
+                "previous_state": before.state,
+                "host": before.host.name if before.host_id else "",
+            },
+        )
+    return instance

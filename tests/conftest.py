@@ -44,3 +44,37 @@ def olivia(db):
 def alice_client(client, alice):
     client.force_login(alice)
     return client
+
+
+def _is_transactional(request) -> bool:
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None and marker.kwargs.get("transaction"):
+        return True
+    return bool({"transactional_db", "live_server"} & set(request.fixturenames))
+
+
+@pytest.fixture(autouse=True)
+def seeded_programs_after_flush(request):
+    """A transactional test starts from a database the previous one emptied (Django flushes it, and
+    serialized_rollback clashes with the content types Django re-creates). Put back what the migrations
+    seed, so every test sees a freshly migrated database."""
+    if _is_transactional(request):
+        request.getfixturevalue("_django_db_helper")
+        from portal.credits.models import BonusProgram, SignupGrantProgram
+        from portal.credits.seed import seed_programs
+
+        seed_programs(SignupGrantProgram, BonusProgram)
+
+
+@pytest.fixture(autouse=True)
+def celery_runs_tasks_inline_by_default():
+    """Celery reads CELERY_TASK_ALWAYS_EAGER once, on first use. If that first use happens inside a test
+    that turned it off, every later test would publish to Redis instead of running tasks inline."""
+    from django.conf import settings as django_settings
+
+    from portal.celery import app
+
+    eager = django_settings.CELERY_TASK_ALWAYS_EAGER
+    app.conf.task_always_eager = eager
+    yield
+    app.conf.task_always_eager = eager

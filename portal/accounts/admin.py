@@ -1,17 +1,32 @@
-"""Operator console for users: balance, identities (email, GitHub) and verification at a glance."""
+"""Operator console for users: balance, identities (email, GitHub) and verification at a glance, and one
+page per user with their ledger, instances and applications, where operators suspend and unsuspend them
+and open more launch sizes to them. Also the launch policy's page (see the end of this module)."""
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.forms import AdminUserCreationForm, UserChangeForm
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Exists, OuterRef
-from django.urls import reverse
-from django.utils.html import format_html
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from social_django.models import UserSocialAuth
 
 from portal.credits.admin import adjust_url, ledger_table
 from portal.credits.models import BonusApplication, hours
+from portal.instances import entitlements
+from portal.instances.models import Instance, LaunchPolicy
+from portal.instances.sizes import SIZES
 
+from . import services
 from .models import SshKey, User
+
+# How many of a user's instances their page lists; the rest are one link away.
+INSTANCE_PREVIEW_ROWS = 50
+SIZE_CHOICES = [(size.key, size.name) for size in SIZES.values()]
 
 
 class UserCreationForm(AdminUserCreationForm):
@@ -49,6 +64,21 @@ class VerifiedFilter(admin.SimpleListFilter):
             return queryset.filter(email_verified_at__isnull=False)
         if self.value() == "no":
             return queryset.filter(email_verified_at__isnull=True)
+        return queryset
+
+
+class SuspendedFilter(admin.SimpleListFilter):
+    title = "suspended"
+    parameter_name = "suspended"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Suspended"), ("no", "Not suspended")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(suspended_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(suspended_at__isnull=True)
         return queryset
 
 
@@ -112,8 +142,17 @@ class SshKeyInline(admin.TabularInline):
 class UserAdmin(BaseUserAdmin):
     form = UserEditForm
     add_form = UserCreationForm
-    list_display = ("email", "name", "balance", "verified", "github_login", "date_joined", "is_active")
-    list_filter = (VerifiedFilter, GithubFilter, "is_active", "is_staff", "is_superuser")
+    list_display = (
+        "email",
+        "name",
+        "balance",
+        "verified",
+        "github_login",
+        "suspended",
+        "date_joined",
+        "is_active",
+    )
+    list_filter = (VerifiedFilter, GithubFilter, SuspendedFilter, "is_active", "is_staff", "is_superuser")
     search_fields = ("email", "first_name", "last_name")
     ordering = ("-date_joined",)
     list_select_related = ("credit_account",)
@@ -123,14 +162,21 @@ class UserAdmin(BaseUserAdmin):
         "github_login",
         "adjust",
         "ledger",
+        "suspension",
+        "launch_access",
+        "instances_table",
         "last_login",
         "date_joined",
     )
+    # Suspension and extra launch sizes are not form fields: they change only through the audited
+    # actions linked from "Account status" (suspend_view, unsuspend_view, launch_sizes_view).
     fieldsets = (
         (None, {"fields": ("email", "password")}),
+        ("Account status", {"fields": ("suspension", "launch_access")}),
         ("Personal info", {"fields": ("first_name", "last_name")}),
         ("Identity", {"fields": ("email_verified_at", "pending_email", "github_login", "deleted_at")}),
         ("Credits", {"fields": ("balance", "bonus_collected", "adjust", "ledger")}),
+        ("Instances", {"fields": ("instances_table",)}),
         ("Permissions", {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
         ("Important dates", {"fields": ("last_login", "date_joined")}),
     )
@@ -178,3 +224,360 @@ class UserAdmin(BaseUserAdmin):
     @admin.display(description="Ledger (latest first)")
     def ledger(self, user):
         return ledger_table(user)
+
+    @admin.display(description="Suspended")
+    def suspended(self, user):
+        return user.suspended_at.strftime("since %Y-%m-%d") if user.is_suspended else "–"
+
+    @admin.display(description="Suspension")
+    def suspension(self, user):
+        if user.is_suspended:
+            return format_html(
+                '<p data-testid="suspension">Suspended since {} by {}. Reason: {}</p>'
+                '<a class="button" href="{}">Unsuspend</a>',
+                user.suspended_at.strftime("%Y-%m-%d %H:%M UTC"),
+                user.suspended_by_name or "an operator",
+                user.suspended_reason,
+                reverse("admin:accounts_user_unsuspend", args=[user.pk]),
+            )
+        return format_html(
+            '<p data-testid="suspension">Not suspended.</p><a class="button" href="{}">Suspend</a>',
+            reverse("admin:accounts_user_suspend", args=[user.pk]),
+        )
+
+    @admin.display(description="Launch access")
+    def launch_access(self, user):
+        access = entitlements.launch_access(user)
+        sizes = ", ".join(SIZES[key].name for key in access["sizes"]) or "no size"
+        extra = ", ".join(SIZES[key].name for key in access["extra_sizes"] if key in SIZES)
+        return format_html(
+            '<p data-testid="launch-access">Tier: {}. May launch: {}{}.{}</p>'
+            '<a class="button" href="{}">Open or close sizes for this user</a> '
+            '<a href="{}">Launch policy for everyone</a>',
+            access["tier_label"],
+            sizes,
+            f" (opened by an operator: {extra})" if extra else "",
+            " Suspended: launches nothing." if access["suspended"] else "",
+            reverse("admin:accounts_user_launch_sizes", args=[user.pk]),
+            reverse("admin:instances_launchpolicy_changelist"),
+        )
+
+    @admin.display(description="Instances (latest first)")
+    def instances_table(self, user):
+        return instances_table(user)
+
+    # --- Operator actions on one user, each with a reason for the audit log ---------------------------
+
+    def get_urls(self):
+        def view(function, suffix):
+            return path(
+                f"<int:user_id>/{suffix}/",
+                self.admin_site.admin_view(function),
+                name=f"accounts_user_{suffix.replace('-', '_')}",
+            )
+
+        # Before the default URLs, whose "<path:object_id>/" would swallow these.
+        return [
+            view(self.suspend_view, "suspend"),
+            view(self.unsuspend_view, "unsuspend"),
+            view(self.launch_sizes_view, "launch-sizes"),
+        ] + super().get_urls()
+
+    def _target(self, request, user_id) -> User:
+        target = get_object_or_404(User, pk=user_id)
+        if not self.has_change_permission(request, target):
+            raise PermissionDenied
+        return target
+
+    def _action_page(self, request, target, *, form, title, intro, submit):
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{title}: {target.email}",
+            "action_title": title,
+            "intro": intro,
+            "form": form,
+            "target": target,
+            "submit_label": submit,
+            "user_url": reverse("admin:accounts_user_change", args=[target.pk]),
+        }
+        return TemplateResponse(request, "admin/accounts/user/operator_action.html", context)
+
+    def _run(self, request, target, form, action) -> bool:
+        """Run `action` (a service call) for a valid form; report errors on the form. Returns success."""
+        if not form.is_valid():
+            return False
+        try:
+            action(form.cleaned_data)
+        except (ValidationError, PermissionDenied) as error:
+            form.add_error(None, error.messages if isinstance(error, ValidationError) else str(error))
+            return False
+        return True
+
+    def suspend_view(self, request, user_id):
+        """Suspend the user with a reason they read: instances stop, launches and applications are refused."""
+        target = self._target(request, user_id)
+        form = ReasonForm(
+            request.POST or None, reason_help="The user reads this in an email and on the launch page."
+        )
+        if request.method == "POST" and self._run(
+            request,
+            target,
+            form,
+            lambda data: services.user_suspend(user=target, actor=request.user, reason=data["reason"]),
+        ):
+            self.message_user(
+                request,
+                f"Suspended {target.email}. Their live instances are stopping and they were emailed.",
+                messages.SUCCESS,
+            )
+            return redirect("admin:accounts_user_change", target.pk)
+        live = Instance.objects.filter(user=target, state__in=Instance.LIVE_STATES).count()
+        intro = (
+            f"{target.email} already is suspended; submitting changes nothing."
+            if target.is_suspended
+            else f"Their {live} live instance(s) will be stopped now (billing ends, workspaces are kept). "
+            "They can still log in and see their data and credits, but cannot launch or apply for bonus "
+            "hours until the suspension is lifted. They are emailed the reason."
+        )
+        return self._action_page(request, target, form=form, title="Suspend", intro=intro, submit="Suspend")
+
+    def unsuspend_view(self, request, user_id):
+        target = self._target(request, user_id)
+        form = ReasonForm(request.POST or None, reason_help="Kept in the audit log.")
+        if request.method == "POST" and self._run(
+            request,
+            target,
+            form,
+            lambda data: services.user_unsuspend(user=target, actor=request.user, reason=data["reason"]),
+        ):
+            self.message_user(
+                request, f"Lifted the suspension of {target.email}: they may launch again.", messages.SUCCESS
+            )
+            return redirect("admin:accounts_user_change", target.pk)
+        intro = (
+            f"Suspended since {target.suspended_at:%Y-%m-%d %H:%M} UTC by {target.suspended_by_name}: "
+            f"{target.suspended_reason}. Lifting it lets them launch and apply again; instances stopped by "
+            "the suspension stay stopped."
+            if target.is_suspended
+            else f"{target.email} is not suspended; submitting changes nothing."
+        )
+        return self._action_page(
+            request, target, form=form, title="Unsuspend", intro=intro, submit="Unsuspend"
+        )
+
+    def launch_sizes_view(self, request, user_id):
+        """Open sizes to one user beyond their tier (e.g. 8x for a partner without a bonus application)."""
+        target = self._target(request, user_id)
+        form = LaunchSizesForm(
+            request.POST or None,
+            initial={"sizes": target.extra_sizes},
+            reason_help="Kept in the audit log.",
+        )
+        if request.method == "POST" and self._run(
+            request,
+            target,
+            form,
+            lambda data: services.user_launch_sizes_set(
+                user=target, actor=request.user, sizes=data["sizes"], reason=data["reason"]
+            ),
+        ):
+            target.refresh_from_db()
+            opened = ", ".join(SIZES[key].name for key in target.extra_sizes) or "none"
+            self.message_user(request, f"Sizes opened to {target.email}: {opened}.", messages.SUCCESS)
+            return redirect("admin:accounts_user_change", target.pk)
+        access = entitlements.launch_access(target)
+        by_tier = ", ".join(SIZES[key].name for key in access["tier_sizes"]) or "no size"
+        intro = (
+            f"Their tier is {access['tier_label'].lower()}; it opens {by_tier}. "
+            "Tick the sizes to open to this user on top of that."
+        )
+        return self._action_page(
+            request, target, form=form, title="Open or close sizes", intro=intro, submit="Save sizes"
+        )
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        max_length=1000,
+        error_messages={"required": "Give a reason; it is kept in the audit log."},
+    )
+
+    def __init__(self, *args, reason_help="", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["reason"].help_text = reason_help
+
+
+class LaunchSizesForm(ReasonForm):
+    sizes = forms.MultipleChoiceField(
+        choices=SIZE_CHOICES,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Extra sizes",
+        help_text="Leave all unticked to close every extra size again.",
+    )
+    field_order = ["sizes", "reason"]
+
+
+def instances_table(user) -> str:
+    """The user's latest instances as a read-only HTML table, each linking to its admin page."""
+    instances = list(
+        Instance.objects.filter(user=user)
+        .select_related("image", "host")
+        .order_by("-created_at")[:INSTANCE_PREVIEW_ROWS]
+    )
+    if not instances:
+        return "No instances yet."
+
+    def when(moment):
+        return moment.strftime("%Y-%m-%d %H:%M") if moment else "–"
+
+    rows = format_html_join(
+        "",
+        '<tr data-state="{}"><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+        '<td>{}</td><td>{}</td><td>{}</td><td class="num">{}</td><td>{}</td></tr>',
+        (
+            (
+                instance.state,
+                reverse("admin:instances_instance_change", args=[instance.pk]),
+                instance.short_id,
+                instance.get_state_display(),
+                instance.size,
+                instance.image.name,
+                instance.host.name if instance.host else "–",
+                when(instance.created_at),
+                when(instance.ready_at),
+                when(instance.stopped_at),
+                hours(instance.charged_gpu_seconds),
+                instance.failure_reason or instance.stop_reason or "–",
+            )
+            for instance in instances
+        ),
+    )
+    all_of_them = reverse("admin:instances_instance_changelist") + "?" + urlencode({"q": user.email})
+    return format_html(
+        '<table data-testid="instances"><thead><tr><th>Instance</th><th>State</th><th>Size</th><th>Image</th>'
+        "<th>Host</th><th>Launched</th><th>Ready</th><th>Stopped</th><th>Charged (GPU-h)</th>"
+        "<th>Stop or failure reason</th></tr></thead><tbody>{}</tbody></table>"
+        '<p><a href="{}">All instances of this user</a></p>',
+        rows,
+        all_of_them,
+    )
+
+
+# --- The launch policy (portal.instances.models.LaunchPolicy) --------------------------------------------
+# Registered here, next to the per-user launch sizes it works with, because portal/instances/admin.py
+# belongs to the instance console; it can move there unchanged.
+
+
+def _per_size_fields(form_class):
+    """Add a number field per size for the policy's per-size JSON settings (max_session_hours,
+    idle_minutes), so operators edit numbers, not JSON. Class decorator."""
+    for size in SIZES.values():
+        for prefix, label, help_text in (
+            ("max_session_hours", f"Longest session at {size.name} (hours)", "0 means no limit."),
+            (
+                "idle_minutes",
+                f"Idle minutes before a warning at {size.name}",
+                "0 means never stopped as idle.",
+            ),
+        ):
+            field = forms.IntegerField(min_value=0, label=label, help_text=help_text)
+            form_class.base_fields[f"{prefix}_{size.key}"] = field
+            form_class.declared_fields[f"{prefix}_{size.key}"] = field
+    return form_class
+
+
+@_per_size_fields
+class LaunchPolicyForm(forms.ModelForm):
+    free_sizes = forms.MultipleChoiceField(
+        choices=SIZE_CHOICES,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Sizes every verified account may launch",
+    )
+    bonus_sizes = forms.MultipleChoiceField(
+        choices=SIZE_CHOICES,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Sizes an approved bonus application opens",
+        help_text="Operators can also open sizes to one person from their user page.",
+    )
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        max_length=1000,
+        help_text="Why you are changing the policy; kept in the audit log with the old and new values.",
+    )
+
+    class Meta:
+        model = LaunchPolicy
+        fields = ["free_sizes", "bonus_sizes", "max_live_instances", "idle_grace_minutes"]
+        labels = {
+            "max_live_instances": "Instances one person may have running or starting at once",
+            "idle_grace_minutes": "Minutes between the idle warning and the stop",
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for size_key in SIZES:
+            self.fields[f"max_session_hours_{size_key}"].initial = self.instance.max_session_hours_for(
+                size_key
+            )
+            self.fields[f"idle_minutes_{size_key}"].initial = self.instance.idle_minutes_for(size_key)
+
+    def policy_values(self) -> dict:
+        """The cleaned values in the shape launch_policy_update takes."""
+        data = self.cleaned_data
+        return {
+            "free_sizes": data["free_sizes"],
+            "bonus_sizes": data["bonus_sizes"],
+            "max_live_instances": data["max_live_instances"],
+            "idle_grace_minutes": data["idle_grace_minutes"],
+            "max_session_hours": {key: data[f"max_session_hours_{key}"] for key in SIZES},
+            "idle_minutes": {key: data[f"idle_minutes_{key}"] for key in SIZES},
+        }
+
+
+@admin.register(LaunchPolicy)
+class LaunchPolicyAdmin(admin.ModelAdmin):
+    """One page: the policy in force. Saving goes through launch_policy_update, which audits the change."""
+
+    form = LaunchPolicyForm
+    fieldsets = (
+        ("Who may launch what", {"fields": ("free_sizes", "bonus_sizes", "max_live_instances")}),
+        ("Session length", {"fields": tuple(f"max_session_hours_{key}" for key in SIZES)}),
+        (
+            "Idle instances",
+            {"fields": (*(f"idle_minutes_{key}" for key in SIZES), "idle_grace_minutes")},
+        ),
+        ("Why", {"fields": ("reason",)}),
+    )
+
+    def has_add_permission(self, request):
+        return False  # there is one policy, created on first read
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        # A list of one row is a detour: go straight to the policy.
+        return redirect("admin:instances_launchpolicy_change", LaunchPolicy.current().pk)
+
+    def save_model(self, request, obj, form, change):
+        _, changes = entitlements.launch_policy_update(
+            actor=request.user, reason=form.cleaned_data["reason"], **form.policy_values()
+        )
+        if changes:
+            summary = "; ".join(f"{field}: {c['old']} → {c['new']}" for field, c in changes.items())
+            self.message_user(request, f"Launch policy changed ({summary}).", messages.SUCCESS)
+        else:
+            self.message_user(request, "Nothing changed.", messages.INFO)
+
+    def log_change(self, request, obj, message):
+        # The audit log records the change with its reason and values; Django's own history would
+        # be a second, thinner record.
+        return None
+
+    def response_change(self, request, obj):
+        return redirect("admin:instances_launchpolicy_change", obj.pk)

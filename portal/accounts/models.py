@@ -59,6 +59,14 @@ class User(AbstractUser):
     pending_email = models.EmailField(blank=True, default="")
     # Set when the user deleted their account: personal data is scrubbed, the ledger stays.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # Set by an operator through user_suspend: the person can still log in and read their data, but
+    # cannot launch or apply for bonus hours. The reason is shown to them; the name says who did it.
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    suspended_reason = models.TextField(blank=True, default="")
+    suspended_by_name = models.CharField(max_length=300, blank=True, default="")
+    # Sizes (e.g. ["8x"]) an operator opened to this person beyond what their tier allows, changed only
+    # through user_launch_sizes_set so that each change is audited. See portal.instances.entitlements.
+    extra_sizes = models.JSONField(default=list, blank=True)
 
     USERNAME_FIELD = "email"
     EMAIL_FIELD = "email"
@@ -67,7 +75,14 @@ class User(AbstractUser):
     objects = UserManager()
 
     class Meta:
-        constraints = [models.UniqueConstraint(Lower("email"), name="accounts_user_email_ci_unique")]
+        constraints = [
+            models.UniqueConstraint(Lower("email"), name="accounts_user_email_ci_unique"),
+            # A suspension always carries the reason the person is shown.
+            models.CheckConstraint(
+                condition=models.Q(suspended_at__isnull=True) | ~models.Q(suspended_reason=""),
+                name="accounts_user_suspension_has_reason",
+            ),
+        ]
 
     def __str__(self):
         return self.email
@@ -80,6 +95,19 @@ class User(AbstractUser):
     @property
     def email_verified(self) -> bool:
         return self.email_verified_at is not None
+
+    @property
+    def is_suspended(self) -> bool:
+        return self.suspended_at is not None
+
+    @property
+    def suspension_notice(self) -> str:
+        """What a suspended person reads wherever they are refused; '' when not suspended."""
+        if not self.is_suspended:
+            return ""
+        # The operator may or may not end the reason with a full stop; the sentence adds its own.
+        reason = self.suspended_reason.strip().rstrip(".")
+        return f"Your account is suspended: {reason}. Contact support to lift it."
 
 
 class SshKey(models.Model):

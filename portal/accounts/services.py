@@ -1,4 +1,5 @@
-"""Operations on accounts: sign-up, email confirmation and change, password reset, SSH keys, deletion.
+"""Operations on accounts: sign-up, email confirmation and change, password reset, SSH keys, deletion,
+and the operators' suspension and per-person launch sizes.
 
 Views, forms and tasks call these and hold no business logic. Each raises ValidationError with a
 message a person can act on, or LinkError for a confirmation link that no longer works.
@@ -15,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.contrib.sessions.models import Session
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
@@ -24,8 +25,14 @@ from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
+from portal.console.services import actor_name_of, audit_record
+from portal.credits.models import CreditAccount
 from portal.credits.services import credits_grant_signup
+from portal.instances.models import Instance
+from portal.instances.services import instance_request_stop
+from portal.instances.sizes import SIZES
 from portal.lib.tasks import publish
+from portal.notifications.services import notify_account_suspended
 
 from .models import SshKey, User
 from .tokens import TokenState, email_change_tokens, email_verification_tokens, password_reset_tokens
@@ -429,3 +436,134 @@ def _sessions_end(*, user_pk) -> int:
             session.delete()
             ended += 1
     return ended
+
+
+# --- Suspension and launch sizes (operators) ---------------------------------------------------------
+
+# The stop reason of instances stopped by a suspension; the owner's instance page explains it.
+SUSPEND_STOP_REASON = "operator: account suspended"
+
+
+def _check_operator(actor, *, doing: str) -> None:
+    if actor is None or not actor.is_staff:
+        raise PermissionDenied(f"Only operators {doing}.")
+
+
+def user_suspend(*, user: User, actor, reason: str) -> User:
+    """Suspend `user` for `reason`, which they are shown. Returns the user, refreshed.
+
+    A suspended person can still log in and read their data, but cannot launch or apply for bonus hours.
+    Their queued, provisioning and running instances are stopped (billing ends now; queued ones stop at
+    once; workspaces are kept), their credits stay, the action is audited ("user.suspend") and they are
+    emailed, all in one transaction. Suspending an account that is already suspended changes nothing:
+    no second audit entry, no second email.
+
+    Raises PermissionDenied unless `actor` is staff (and not `user`), ValidationError for a blank reason.
+    """
+    _check_operator(actor, doing="suspend accounts")
+    if actor.pk == user.pk:
+        raise PermissionDenied("You cannot suspend your own account.")
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError("Give the reason for the suspension; the user reads it.")
+    CreditAccount.objects.get_or_create(user_id=user.pk)
+    now = timezone.now()
+    with transaction.atomic():
+        marked = User.objects.filter(pk=user.pk, suspended_at__isnull=True).update(
+            suspended_at=now, suspended_reason=reason, suspended_by_name=actor_name_of(actor)[:300]
+        )
+        if not marked:
+            return User.objects.get(pk=user.pk)
+        # instance_launch re-reads the suspension under this lock, so no launch can slip in after the
+        # scan below and outlive the suspension.
+        CreditAccount.objects.select_for_update().get(user_id=user.pk)
+        live = Instance.objects.filter(
+            user_id=user.pk,
+            state__in=[Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING],
+        )
+        stopped = []
+        for instance_id in live.values_list("id", flat=True):
+            try:
+                instance_request_stop(
+                    instance_id=instance_id,
+                    stop_reason=SUSPEND_STOP_REASON,
+                    message="Stopped because an operator suspended the account.",
+                )
+            except ValidationError:
+                continue  # it failed or stopped on its own meanwhile: nothing left to stop
+            stopped.append(str(instance_id))
+        audit_record(
+            actor=actor,
+            action="user.suspend",
+            target=user,
+            reason=reason,
+            details={"user": user.email, "instances_stopped": stopped},
+        )
+        notify_account_suspended(user=user, reason=reason, suspended_at=now)
+    user.refresh_from_db()
+    return user
+
+
+def user_unsuspend(*, user: User, actor, reason: str) -> User:
+    """Lift the suspension of `user`: they may launch and apply again. Returns the user, refreshed.
+
+    Instances stopped by the suspension stay stopped (the workspace is kept, so a new launch gets the
+    files back). Audited as "user.unsuspend" with the suspension it lifts. Unsuspending an account that
+    is not suspended changes nothing and records nothing.
+
+    Raises PermissionDenied unless `actor` is staff, ValidationError for a blank reason.
+    """
+    _check_operator(actor, doing="lift suspensions")
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError("Give the reason for lifting the suspension; the audit log keeps it.")
+    with transaction.atomic():
+        current = User.objects.select_for_update().get(pk=user.pk)
+        if not current.is_suspended:
+            return current
+        lifted = {
+            "user": current.email,
+            "suspended_at": current.suspended_at,
+            "suspended_reason": current.suspended_reason,
+            "suspended_by": current.suspended_by_name,
+        }
+        User.objects.filter(pk=user.pk).update(suspended_at=None, suspended_reason="", suspended_by_name="")
+        audit_record(actor=actor, action="user.unsuspend", target=current, reason=reason, details=lifted)
+    user.refresh_from_db()
+    return user
+
+
+def user_launch_sizes_set(*, user: User, actor, sizes, reason: str) -> User:
+    """Open `sizes` (e.g. ["8x"]) to `user` beyond what their tier allows, replacing the sizes opened
+    before (an empty list closes them again). Returns the user, refreshed.
+
+    Audited as "setting.change" with the old and new sizes; nothing is recorded when nothing changes.
+    Raises PermissionDenied unless `actor` is staff, ValidationError for an unknown size or a blank reason.
+    """
+    _check_operator(actor, doing="change what a person may launch")
+    unknown = [key for key in sizes if key not in SIZES]
+    if unknown:
+        raise ValidationError(f"Unknown size {unknown[0]!r}. Choose from: {', '.join(SIZES)}.")
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError("Say why you are changing this person's sizes; the audit log keeps it.")
+    new = [key for key in SIZES if key in sizes]
+    with transaction.atomic():
+        current = User.objects.select_for_update().get(pk=user.pk)
+        old = list(current.extra_sizes or [])
+        if old == new:
+            return current
+        User.objects.filter(pk=user.pk).update(extra_sizes=new)
+        audit_record(
+            actor=actor,
+            action="setting.change",
+            target=current,
+            reason=reason,
+            details={
+                "setting": "extra launch sizes",
+                "user": current.email,
+                "changes": {"extra_sizes": {"old": old, "new": new}},
+            },
+        )
+    user.refresh_from_db()
+    return user

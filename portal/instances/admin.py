@@ -1,17 +1,29 @@
-"""Operator console for instances (list, filter, timeline, force stop) and the image catalogue (enable/disable).
+"""Operator console for instances (list, filter, timeline, container log, force stop) and the image
+catalogue (enable/disable).
 
-Instances are read-only here: state changes go through services (a force stop charges up to the moment
-and tears the instance down like any other stop), never through an edited field.
+Instances are read-only here: state changes go through services (a force stop charges up to the moment,
+tells the owner why, is audited, and tears the instance down like any other stop), never through an
+edited field.
 """
 
+from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
-from django.utils.html import format_html_join
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 
 from portal.credits.models import hours
+from provisioning import services as provisioning_services
+from provisioning.drivers import driver_for
+from provisioning.drivers.base import DriverError
 
-from . import services
 from .models import Image, Instance, InstanceEvent
+
+# Lines of the container's output shown on the instance's page.
+LOG_TAIL_LINES = 100
 
 
 class InstanceEventInline(admin.TabularInline):
@@ -23,12 +35,59 @@ class InstanceEventInline(admin.TabularInline):
     extra = 0
     can_delete = False
     ordering = ["created_at", "id"]
+    verbose_name = "state change"
+    verbose_name_plural = "Timeline"
 
     def has_add_permission(self, request, obj=None):
         return False
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+class OwnerFilter(admin.SimpleListFilter):
+    """Instances of one owner, by email address (or part of it): a text box, since a list of every user
+    would not fit the sidebar."""
+
+    title = "owner"
+    parameter_name = "owner"
+    template = "admin/instances/instance/owner_filter.html"
+
+    def lookups(self, request, model_admin):
+        # The text box needs no choices, but a filter without any is not drawn.
+        return [(self.value() or "", self.value() or "")]
+
+    def choices(self, changelist):
+        # One "choice" carrying what the template's form needs: the value, and the other filters to keep.
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "All",
+            "value": self.value() or "",
+            "kept": [
+                (name, value) for name, value in changelist.params.items() if name != self.parameter_name
+            ],
+        }
+
+    def queryset(self, request, queryset):
+        value = (self.value() or "").strip()
+        if not value:
+            return queryset
+        local, at, domain = value.partition("@")
+        if local and at and domain:
+            # A whole address: exactly that owner, not also everyone whose address merely contains it.
+            return queryset.filter(user__email__iexact=value)
+        return queryset.filter(user__email__icontains=value)
+
+
+class ForceStopForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=provisioning_services.FORCE_STOP_REASON_MAX,
+        help_text="The owner reads this on their instance's page and in the email telling them. "
+        "It is also recorded in the audit log under your name.",
+        error_messages={"required": "Give the reason: the owner is told it."},
+    )
 
 
 @admin.register(Instance)
@@ -45,13 +104,14 @@ class InstanceAdmin(admin.ModelAdmin):
         "ready_at",
         "charged",
     ]
-    list_filter = ["state", "size", "image", "host", "created_at"]
+    list_filter = ["state", OwnerFilter, "host", "image", "size", "created_at"]
     search_fields = ["id", "user__email", "host__name"]
     list_select_related = ["user", "image", "host"]
     date_hierarchy = "created_at"
     ordering = ["-created_at"]
     inlines = [InstanceEventInline]
     actions = ["force_stop"]
+    change_form_template = "admin/instances/instance/change_form.html"
     # The token is a credential for the user's JupyterLab: operators do not need to see it.
     exclude = ["jupyter_token"]
     readonly_fields = [
@@ -74,6 +134,27 @@ class InstanceAdmin(admin.ModelAdmin):
         "metered_until",
         "charged",
         "state_changed_at",
+        "container_log",
+    ]
+    fieldsets = [
+        (None, {"fields": ["id", "user", "size", "image", "host", "gpus", "state", "step"]}),
+        ("Why it ended", {"fields": ["failure_reason", "stop_reason"]}),
+        (
+            "Times and charges",
+            {
+                "fields": [
+                    "created_at",
+                    "provisioning_at",
+                    "ready_at",
+                    "stopped_at",
+                    "state_changed_at",
+                    "metered_until",
+                    "charged",
+                ]
+            },
+        ),
+        ("Driver", {"fields": ["driver", "driver_state"], "classes": ["collapse"]}),
+        (f"Container log (last {LOG_TAIL_LINES} lines)", {"fields": ["container_log"]}),
     ]
 
     def has_add_permission(self, request):
@@ -95,22 +176,104 @@ class InstanceAdmin(admin.ModelAdmin):
             or "none"
         )
 
-    @admin.action(description="Force stop the selected instances", permissions=["change"])
+    @admin.display(description="Output")
+    def container_log(self, obj):
+        """The container's last lines, read from its host now. Says why when there is nothing to show."""
+        if obj.host_id is None:
+            return "No container: the instance never got a host."
+        if obj.state not in (Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.STOPPING):
+            return "No container: it is removed when the instance ends (the workspace volume is kept)."
+        driver = driver_for(obj.host, obj.driver)
+        if not hasattr(driver, "logs"):
+            return f"The {obj.driver} driver keeps no container log."
+        try:
+            text = driver.logs(obj, tail=LOG_TAIL_LINES)
+        except DriverError as error:
+            return f"Could not read the log: {error.message}"
+        if not text.strip():
+            return "The container has printed nothing yet (or is gone)."
+        return format_html('<pre class="container-log" data-testid="container-log">{}</pre>', text)
+
+    # --- Force stop ----------------------------------------------------------------------------------
+
+    def get_urls(self):
+        return [
+            path(
+                "<uuid:instance_id>/force-stop/",
+                self.admin_site.admin_view(self.force_stop_view),
+                name="instances_instance_force_stop",
+            )
+        ] + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = extra_context or {}
+        instance = self.get_object(request, object_id)
+        live = instance is not None and instance.state not in (Instance.State.STOPPED, Instance.State.FAILED)
+        if live and self.has_change_permission(request, instance):
+            extra_context["force_stop_url"] = reverse(
+                "admin:instances_instance_force_stop", args=[instance.pk]
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def force_stop_view(self, request, instance_id):
+        """Force-stop one instance from its page: the reason page, then the stop."""
+        instance = get_object_or_404(Instance, pk=instance_id)
+        if not self.has_change_permission(request, instance):
+            raise PermissionDenied
+        response = self._force_stop(request, [instance], from_action=False)
+        return response or redirect("admin:instances_instance_change", instance.pk)
+
+    @admin.action(
+        description="Force stop the selected instances (asks for the reason)", permissions=["change"]
+    )
     def force_stop(self, request, queryset):
-        stopped, skipped = 0, 0
-        for instance_id in queryset.values_list("id", flat=True):
-            try:
-                services.instance_request_stop(
-                    instance_id=instance_id,
-                    stop_reason="operator",
-                    message=f"Stopped by an operator ({request.user.get_full_name() or request.user.email}).",
+        return self._force_stop(request, list(queryset.select_related("user", "image", "host")))
+
+    def _force_stop(self, request, instances, *, from_action: bool = True):
+        """The reason page until a reason is posted; then each live instance is stopped, its owner told.
+        Returns the page, or None once done."""
+        confirmed = request.method == "POST" and "_confirm" in request.POST
+        form = ForceStopForm(request.POST if confirmed else None)
+        stoppable = [i for i in instances if i.state not in (Instance.State.STOPPED, Instance.State.FAILED)]
+        if confirmed and form.is_valid():
+            stopped, skipped = 0, []
+            for instance in stoppable:
+                try:
+                    provisioning_services.instance_force_stop(
+                        instance_id=instance.pk, actor=request.user, reason=form.cleaned_data["reason"]
+                    )
+                    stopped += 1
+                except ValidationError as error:
+                    skipped.append(f"{instance.short_id}: {' '.join(error.messages)}")
+            if stopped:
+                self.message_user(
+                    request,
+                    f"Stopping {stopped} instance(s); each owner is told your reason.",
+                    messages.SUCCESS,
                 )
-                stopped += 1
-            except ValidationError:
-                skipped += 1
-        self.message_user(request, f"Stopping {stopped} instance(s).", messages.SUCCESS)
-        if skipped:
-            self.message_user(request, f"{skipped} had already stopped or failed.", messages.WARNING)
+            ended = len(instances) - len(stoppable)
+            if ended:
+                self.message_user(request, f"{ended} had already stopped or failed.", messages.WARNING)
+            for line in skipped:
+                self.message_user(request, line, messages.WARNING)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Force stop",
+            "form": form,
+            "stoppable": stoppable,
+            "ended": [i for i in instances if i not in stoppable],
+            "selected": instances,
+            "from_action": from_action,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "cancel_url": (
+                reverse("admin:instances_instance_changelist")
+                if from_action
+                else reverse("admin:instances_instance_change", args=[instances[0].pk])
+            ),
+        }
+        return TemplateResponse(request, "admin/instances/instance/force_stop.html", context)
 
 
 @admin.register(Image)

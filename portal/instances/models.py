@@ -107,3 +107,74 @@ class InstanceEvent(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+# LaunchPolicy defaults that have no setting of their own. Hours and minutes per size; 0 means no limit.
+DEFAULT_MAX_SESSION_HOURS = {"1x": 12, "8x": 4}
+DEFAULT_IDLE_MINUTES = {"1x": 60, "8x": 30}
+DEFAULT_IDLE_GRACE_MINUTES = 15
+
+
+class LaunchPolicy(models.Model):
+    """The operators' launch rules: which sizes each tier may launch, how many instances one person may
+    have at once, how long a session may run and when an idle one is stopped, per size.
+
+    There is one row, created from the settings on first read (LaunchPolicy.current()), so that a fresh
+    install behaves as its settings say until an operator changes something in the console. Change it
+    only through portal.instances.entitlements.launch_policy_update, which audits every change.
+    """
+
+    SINGLETON_PK = 1
+
+    # Sizes any account with a verified email may launch, e.g. ["1x"].
+    free_sizes = models.JSONField(default=list, blank=True)
+    # Sizes that open once an operator approved one of the person's bonus applications, e.g. ["8x"].
+    bonus_sizes = models.JSONField(default=list, blank=True)
+    # Queued, provisioning and running instances one person may have at once.
+    max_live_instances = models.PositiveIntegerField()
+    # Per size key: hours from ready to the stop DevCloud makes (provisioning.limits); 0 or absent = none.
+    max_session_hours = models.JSONField(default=dict, blank=True)
+    # Per size key: idle minutes before the culler warns the owner; 0 or absent = never culled.
+    idle_minutes = models.JSONField(default=dict, blank=True)
+    # Minutes between the idle warning and the stop.
+    idle_grace_minutes = models.PositiveIntegerField(default=DEFAULT_IDLE_GRACE_MINUTES)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = verbose_name_plural = "launch policy"
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="instances_launchpolicy_singleton")]
+
+    def __str__(self):
+        return "Launch policy"
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """The values a fresh install starts with: SIZES_REQUIRING_BONUS and MAX_LIVE_INSTANCES_PER_USER
+        from the settings, and the DEFAULT_* constants above."""
+        from .sizes import SIZES
+
+        bonus = [key for key in getattr(settings, "SIZES_REQUIRING_BONUS", []) if key in SIZES]
+        return {
+            "free_sizes": [key for key in SIZES if key not in bonus],
+            "bonus_sizes": bonus,
+            "max_live_instances": getattr(settings, "MAX_LIVE_INSTANCES_PER_USER", 4),
+            "max_session_hours": dict(DEFAULT_MAX_SESSION_HOURS),
+            "idle_minutes": dict(DEFAULT_IDLE_MINUTES),
+            "idle_grace_minutes": DEFAULT_IDLE_GRACE_MINUTES,
+        }
+
+    @classmethod
+    def current(cls) -> "LaunchPolicy":
+        """The policy in force, created from defaults() if no operator has saved one yet. Read it afresh
+        where it matters (no process cache): an operator's change applies to the next launch."""
+        policy, _ = cls.objects.get_or_create(pk=cls.SINGLETON_PK, defaults=cls.defaults())
+        return policy
+
+    def max_session_hours_for(self, size_key: str) -> int:
+        """Hours an instance of this size may run from ready before it is stopped; 0 means no limit."""
+        return int(self.max_session_hours.get(size_key) or 0)
+
+    def idle_minutes_for(self, size_key: str) -> int:
+        """Idle minutes after which an instance of this size is warned (then stopped after
+        idle_grace_minutes); 0 means it is never culled."""
+        return int(self.idle_minutes.get(size_key) or 0)

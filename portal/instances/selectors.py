@@ -33,6 +33,8 @@ STOP_REASON_TEXT = {
     "max_length": "It reached the longest a session may run at its size and was stopped. Your files in "
     "/workspace are kept; launch again to go on.",
     "operator: account suspended": "It was stopped because your account was suspended.",
+    "operator: host evicted": "An operator took its GPU host out of service and stopped it. Your files in "
+    "/workspace are kept; launch again to continue on another host.",
 }
 
 
@@ -290,7 +292,12 @@ def lab_url(instance: Instance) -> str:
 
 
 def stop_reason_text(instance: Instance) -> str:
-    return STOP_REASON_TEXT.get(instance.stop_reason, instance.stop_reason)
+    reason = instance.stop_reason
+    if reason in STOP_REASON_TEXT:
+        return STOP_REASON_TEXT[reason]
+    if reason.startswith("operator: "):
+        return f"An operator stopped it: {reason.removeprefix('operator: ')}"
+    return reason
 
 
 def progress(instance: Instance) -> list[dict]:

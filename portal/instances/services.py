@@ -9,6 +9,7 @@ import logging
 import secrets
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -16,8 +17,8 @@ from django.utils import timezone
 from portal.credits import metering
 from portal.credits.models import CreditAccount
 
-from . import selectors
-from .models import Image, Instance, InstanceEvent
+from . import entitlements, selectors
+from .models import Image, Instance, InstanceEvent, LaunchPolicy
 from .sizes import SIZES
 
 logger = logging.getLogger(__name__)
@@ -66,10 +67,13 @@ def enqueue(task_name: str, **kwargs) -> bool:
     return True
 
 
-def _validate_launch(*, user, size: str, image_key: str):
+def _validate_launch(*, user, size: str, image_key: str, policy: LaunchPolicy):
     """Check everything about a launch that needs no lock. Returns (Size, Image); raises ValidationError."""
     if not user.is_active:
         raise PermissionDenied("This account is disabled.")
+    suspended = entitlements.suspension_refusal(user)
+    if suspended:
+        raise ValidationError(suspended.message, code="suspended")
     if not user.email_verified:
         raise ValidationError(
             "Confirm your email address before launching an instance; check your inbox for the link."
@@ -93,17 +97,18 @@ def _validate_launch(*, user, size: str, image_key: str):
             "Choose another size or image.",
             code="size",
         )
-    refusal = selectors.size_policy_message(user, size_obj)
+    refusal = entitlements.size_refusal(user, size_obj, policy)
     if refusal:
-        raise ValidationError(refusal, code="size")
+        raise ValidationError(refusal.message, code="size")
     return size_obj, image
 
 
 def instance_launch(*, user, size: str, image_key: str) -> Instance:
     """Queue a launch of `image_key` at `size` for `user` and enqueue its provisioning. Returns the Instance.
 
-    Checks, in order: an active account with a verified email, a known size, a known and enabled image
-    that allows the size, the operators' per-size and per-person limits, and credit: the balance minus
+    Checks, in order: an active, unsuspended account with a verified email, a known size, a known and
+    enabled image that allows the size, the operators' launch policy (the sizes open to the user's tier
+    and to them personally, and the live-instance limit; see entitlements), and credit: the balance minus
     what the user's other live instances will burn within LAUNCH_MIN_CREDIT_MINUTES must cover that many
     minutes at this size. The credit check and the insert happen under the owner's CreditAccount row
     lock, so two concurrent launches with credit for one succeed for exactly one.
@@ -112,7 +117,8 @@ def instance_launch(*, user, size: str, image_key: str) -> Instance:
     for everything else, and LaunchUnavailable (a ValidationError) when the task queue cannot be reached:
     the instance is then marked failed, and nothing was charged.
     """
-    size_obj, image = _validate_launch(user=user, size=size, image_key=image_key)
+    policy = LaunchPolicy.current()
+    size_obj, image = _validate_launch(user=user, size=size, image_key=image_key, policy=policy)
     CreditAccount.objects.get_or_create(user=user)
     published = {}
 
@@ -123,15 +129,16 @@ def instance_launch(*, user, size: str, image_key: str) -> Instance:
 
     with transaction.atomic():
         account = CreditAccount.objects.select_for_update().get(user=user)
+        # Read again under the lock: user_suspend takes this lock before it stops the user's instances,
+        # so a launch either lands before the suspension (and is stopped by it) or sees it here.
+        suspended = entitlements.suspension_refusal(get_user_model().objects.get(pk=user.pk))
+        if suspended:
+            raise ValidationError(suspended.message, code="suspended")
         now = timezone.now()
         live = Instance.objects.filter(user=user, state__in=selectors.BURNING_STATES).count()
-        limit = selectors.live_limit()
-        if live >= limit:
-            raise ValidationError(
-                f"You already have {live} instances running or starting, the most allowed at once. "
-                "Stop one to launch another.",
-                code="limit",
-            )
+        over_limit = entitlements.live_limit_refusal(live, policy.max_live_instances)
+        if over_limit:
+            raise ValidationError(over_limit.message, code="limit")
         available = account.balance_gpu_seconds - selectors.committed_gpu_seconds(user, now=now)
         needed = selectors.launch_minimum_gpu_seconds(size_obj)
         if available < needed:

@@ -216,8 +216,9 @@ GATEWAY_AUTH_SECRET = env("GATEWAY_AUTH_SECRET", default="")
 LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
 # How many instances (queued, provisioning, running or stopping) one user may have at once.
 MAX_LIVE_INSTANCES_PER_USER = env.int("MAX_LIVE_INSTANCES_PER_USER", default=4)
-# Sizes a user may launch only after a bonus application was approved, e.g. "8x".
-SIZES_REQUIRING_BONUS = env.list("SIZES_REQUIRING_BONUS", default=[])
+# Sizes a user may launch only after a bonus application was approved (or an operator opened them to
+# that user). Seeds the launch policy on a fresh install; operators change it in the console after that.
+SIZES_REQUIRING_BONUS = env.list("SIZES_REQUIRING_BONUS", default=["8x"])
 # How long provisioning waits for JupyterLab to answer /api/status before failing the launch.
 READY_TIMEOUT_SECONDS = env.int("READY_TIMEOUT_SECONDS", default=180)
 # How often beat charges running instances and compares the database with each host.
@@ -289,4 +290,11 @@ CELERY_BEAT_SCHEDULE["cull-idle"] = {
     "task": "provisioning.cull_idle",
     "schedule": float(IDLE_CULL_SECONDS),
     "options": {"expires": IDLE_CULL_SECONDS},
+}
+# How often beat stops instances that ran past their size's maximum session length (launch policy).
+LIMITS_SECONDS = env.int("LIMITS_SECONDS", default=60)
+CELERY_BEAT_SCHEDULE["enforce-limits"] = {
+    "task": "provisioning.enforce_limits",
+    "schedule": float(LIMITS_SECONDS),
+    "options": {"expires": LIMITS_SECONDS},
 }

@@ -275,6 +275,27 @@ class DockerDriver(Driver):
             raise self._api_error(error, "listing containers") from error
         return {c.attrs.get("Labels", {}).get("devcloud.instance") for c in containers} - {None}
 
+    def logs(self, instance, tail: int = 100) -> str:
+        """The last `tail` lines of the container's output (stdout and stderr), for the operator console.
+
+        The instance's Jupyter token is blanked out wherever JupyterLab printed it (its startup banner
+        prints URLs with the token): operators do not get a way into a user's JupyterLab. Returns ""
+        when the container does not exist (never started, or removed at stop). Raises
+        DriverError(permanent=False) when the engine cannot be reached.
+        """
+        try:
+            container = self._find_container(self.client(), container_name(instance))
+            if container is None:
+                return ""
+            text = container.logs(stdout=True, stderr=True, tail=tail).decode("utf-8", errors="replace")
+        except docker.errors.NotFound:
+            return ""  # removed between the look and the read
+        except Exception as error:
+            raise self._api_error(error, "reading the container's log") from error
+        if instance.jupyter_token:
+            text = text.replace(instance.jupyter_token, "[token hidden]")
+        return text
+
     # --- Images (operator actions) ----------------------------------------------------------------
 
     def images(self) -> list[str]:

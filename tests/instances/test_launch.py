@@ -154,6 +154,8 @@ def test_it_launches_with_exactly_the_minimum(alice, cpu):
 
 
 def test_it_prices_the_minimum_by_size(alice, cpu):
+    alice.extra_sizes = ["8x"]  # an operator opened 8x to her; the price is what is checked here
+    alice.save(update_fields=["extra_sizes"])
     give(alice, 1)  # enough for 1x, not for 15 minutes of 8 GPUs (2 GPU-hours)
     with pytest.raises(ValidationError, match="A 8x MI300X launch needs at least 2.00 GPU-hours"):
         services.instance_launch(user=alice, size="8x", image_key="cpu")

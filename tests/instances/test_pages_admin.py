@@ -62,14 +62,14 @@ def test_an_operator_reads_the_timeline_and_the_gpus_held_but_not_the_token(oliv
 def test_an_operator_force_stops_an_instance(olivia_client, running):
     response = olivia_client.post(
         reverse("admin:instances_instance_changelist"),
-        {"action": "force_stop", "_selected_action": [str(running.id)]},
+        {"action": "force_stop", "_selected_action": [str(running.id)], "reason": "Maintenance", "_confirm": "1"},
         follow=True,
     )
 
-    assert "Stopping 1 instance(s)." in response.content.decode()
+    assert "Stopping 1 instance(s); each owner is told your reason." in response.content.decode()
     running.refresh_from_db()
-    assert running.stop_reason == "operator"
-    assert running.events.last().message == "Stopped by an operator (Olivia Operator)."
+    assert running.stop_reason == "operator: Maintenance"
+    assert running.events.last().message == "Stopped by an operator: Maintenance"
 
 
 def test_an_operator_disables_an_image_and_launches_of_it_are_refused(olivia_client, running, alice):

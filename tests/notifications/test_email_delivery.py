@@ -138,7 +138,7 @@ def test_it_never_fails_the_caller_when_the_broker_and_the_mail_server_are_down(
 
 
 @pytest.mark.slow
-@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+@pytest.mark.django_db(transaction=True)
 def test_a_real_worker_sends_one_email_however_often_the_message_is_delivered(alice):
     broker = redis_url(REDIS_DB)
     queue = unique_queue("notif-email")

@@ -16,8 +16,8 @@ from portal.notifications.models import Kind, Notification
 from ..conftest import make_user
 from .conftest import mails_to, run_together
 
-# serialized_rollback puts the seeded credit programs back for the tests that run after these.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# Transactional: the threads commit on their own connections (tests/conftest.py re-seeds the programs).
+pytestmark = pytest.mark.django_db(transaction=True)
 
 ROUNDS = 3  # one lucky interleaving proves little
 WORKERS = 6

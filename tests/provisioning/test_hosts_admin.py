@@ -120,13 +120,11 @@ def test_it_never_shows_the_stored_client_key_and_keeps_it_when_left_blank(
         tls_ca_cert=host_tls_engine["tls_ca_cert"],
         tls_client_cert=host_tls_engine["tls_client_cert"],
         tls_client_key="",
-        state="draining",
     )
     response = olivia_client.post(change_url(host), {**form, **inline_data(host)})
 
     assert response.status_code == 302
     host.refresh_from_db()
-    assert host.state == GpuHost.State.DRAINING
     assert host.tls_client_key == host_tls_engine["tls_client_key"]
 
 
@@ -145,11 +143,11 @@ def test_it_checks_the_engine_again_when_its_address_changes(olivia_client, kfd_
 def test_it_drains_and_reactivates_hosts_from_the_list(olivia_client, host_make):
     host = host_make("gpu-01")
 
-    olivia_client.post(CHANGELIST_URL, {"action": "drain_hosts", "_selected_action": [host.pk]})
+    olivia_client.post(CHANGELIST_URL, {"action": "drain_hosts", "_selected_action": [host.pk], "reason": "Maintenance", "_confirm": "1"})
     host.refresh_from_db()
     assert host.state == GpuHost.State.DRAINING
 
-    olivia_client.post(CHANGELIST_URL, {"action": "activate_hosts", "_selected_action": [host.pk]})
+    olivia_client.post(CHANGELIST_URL, {"action": "activate_hosts", "_selected_action": [host.pk], "reason": "Maintenance", "_confirm": "1"})
     host.refresh_from_db()
     assert host.state == GpuHost.State.ACTIVE
 
