@@ -184,8 +184,6 @@ class InstanceAdmin(admin.ModelAdmin):
         if obj.state not in (Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.STOPPING):
             return "No container: it is removed when the instance ends (the workspace volume is kept)."
         driver = driver_for(obj.host, obj.driver)
-        if not hasattr(driver, "logs"):
-            return f"The {obj.driver} driver keeps no container log."
         try:
             text = driver.logs(obj, tail=LOG_TAIL_LINES)
         except DriverError as error:

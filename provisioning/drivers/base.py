@@ -57,6 +57,9 @@ class Driver:
     managed_instance_ids() -> set[str]
         Instance ids (from labels) of every container this portal manages on the host, running or not;
         the reconciler compares them with the database.
+    logs(instance, tail) -> str
+        The last `tail` lines the instance printed, for the operator console, with its Jupyter token
+        blanked out. "" when there is nothing (never started, or removed).
     """
 
     name = "base"
@@ -77,3 +80,18 @@ class Driver:
 
     def managed_instance_ids(self) -> set[str]:
         raise NotImplementedError
+
+    def logs(self, instance, tail: int = 100) -> str:
+        return ""
+
+
+def jupyter_base_url(instance) -> str:
+    """The path JupyterLab serves under, which the gateway forwards unchanged: /instances/<uuid>/lab/."""
+    from portal.gateway import lab_path
+
+    return lab_path(instance.id)
+
+
+def hide_token(text: str, token: str) -> str:
+    """`text` with the instance's Jupyter token blanked out (JupyterLab prints it in its banner)."""
+    return text.replace(token, "[token hidden]") if token else text

@@ -27,7 +27,7 @@ from docker.types import Mount
 from portal.instances.catalog import CatalogError, load_catalog
 
 from ..engine import EngineSettingsError, build_client, has_tls
-from .base import Driver, DriverError, PollResult, StartResult
+from .base import Driver, DriverError, PollResult, StartResult, hide_token, jupyter_base_url
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +51,6 @@ def api_timeout() -> int:
 def pids_per_gpu() -> int:
     # Processes and threads a container may have, per GPU: stops a fork bomb from taking the host down.
     return getattr(settings, "DEVCLOUD_PIDS_PER_GPU", 4096)
-
-
-def jupyter_base_url(instance) -> str:
-    """The path JupyterLab serves under, the one the gateway routes: /instances/<uuid>/lab/."""
-    return f"/instances/{instance.id}/lab/"
 
 
 def portal_id() -> str:
@@ -292,9 +287,7 @@ class DockerDriver(Driver):
             return ""  # removed between the look and the read
         except Exception as error:
             raise self._api_error(error, "reading the container's log") from error
-        if instance.jupyter_token:
-            text = text.replace(instance.jupyter_token, "[token hidden]")
-        return text
+        return hide_token(text, instance.jupyter_token)
 
     # --- Images (operator actions) ----------------------------------------------------------------
 

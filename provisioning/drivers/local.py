@@ -23,8 +23,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from .base import Driver, DriverError, PollResult, StartResult
-from .docker import jupyter_base_url
+from .base import Driver, DriverError, PollResult, StartResult, hide_token, jupyter_base_url
 
 ENTRYPOINT = Path(settings.BASE_DIR) / "containers" / "entrypoint" / "start-jupyter.sh"
 # Seconds JupyterLab gets to shut its kernels down on SIGTERM before everything left is killed.
@@ -146,6 +145,15 @@ class LocalDriver(Driver):
         if not root.is_dir():
             return set()
         return {path.parent.name for path in root.glob("*/state.json")}
+
+    def logs(self, instance, tail: int = 100) -> str:
+        """The last `tail` lines of JupyterLab's output (run_dir/jupyter.log), token blanked out."""
+        path = self.run_dir(instance) / "jupyter.log"
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-tail:]
+        except FileNotFoundError:
+            return ""
+        return hide_token("\n".join(lines), instance.jupyter_token)
 
     def _recorded_state(self, instance) -> dict | None:
         """The instance's state file, or None. Deliberately not instance.driver_state: after a stop that

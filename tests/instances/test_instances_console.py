@@ -122,7 +122,7 @@ def test_the_instance_page_shows_the_timeline_of_state_changes(olivia_client, la
     assert running.jupyter_token not in page
 
 
-def test_the_log_panel_says_when_a_driver_keeps_no_log_and_when_the_container_is_gone(
+def test_the_log_panel_says_when_nothing_was_printed_and_when_the_container_is_gone(
     olivia_client, launch, alice
 ):
     running = launch(alice)
@@ -133,7 +133,7 @@ def test_the_log_panel_says_when_a_driver_keeps_no_log_and_when_the_container_is
     ended_page = page_of(olivia_client.get(change_url(running)))
 
     assert "Container log (last 100 lines)" in live_page
-    assert "The fake driver keeps no container log." in live_page
+    assert "The container has printed nothing yet (or is gone)." in live_page
     assert "No container: it is removed when the instance ends (the workspace volume is kept)." in ended_page
 
 
