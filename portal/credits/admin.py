@@ -1,7 +1,9 @@
-"""Operator console for credits: accounts and adjustments, the read-only ledger, bonus review, programs.
+"""Operator console for credits: accounts and adjustments, the read-only ledger, bonus review (one at a
+time, in bulk, or by importing a program's list of certificate IDs), and programs.
 
-Nothing here writes credits directly: every change goes through services, which record the operator
-on the entry or decision; the console also writes Django's admin LogEntry for each action.
+Nothing here writes credits directly: every change goes through services, which record the operator on
+the entry or decision and write the audit log in the same transaction; the console also writes Django's
+admin LogEntry for each action.
 """
 
 from django.conf import settings
@@ -21,11 +23,22 @@ from .forms import (
     BonusApproveForm,
     BonusProgramForm,
     BonusRejectForm,
+    CertificateImportForm,
     CreditAdjustForm,
     SignupGrantProgramForm,
     hours_to_gpu_seconds,
 )
-from .models import BonusApplication, BonusProgram, CreditAccount, LedgerEntry, SignupGrantProgram, hours
+from .models import (
+    BonusApplication,
+    BonusProgram,
+    CertificateImport,
+    CreditAccount,
+    IssuedCertificate,
+    LedgerEntry,
+    SignupGrantProgram,
+    certificate_ids_in_evidence,
+    hours,
+)
 
 # How many entries a change page shows before linking to the full ledger.
 LEDGER_PREVIEW_ROWS = 50
@@ -241,7 +254,7 @@ class BonusApplicationAdmin(admin.ModelAdmin):
     list_filter = ("status", "program")
     search_fields = ("user__email", "evidence")
     list_select_related = ("user", "program")
-    actions = ["approve_full"]
+    actions = ["approve_full", "reject_selected"]
     fields = (
         "user",
         "program",
@@ -253,6 +266,7 @@ class BonusApplicationAdmin(admin.ModelAdmin):
         "decision_reason",
         "requested",
         "granted",
+        "approved_via",
     )
     readonly_fields = fields
 
@@ -353,6 +367,13 @@ class BonusApplicationAdmin(admin.ModelAdmin):
             .exclude(pk=application.pk)
             .select_related("program"),
             "user_url": reverse("admin:accounts_user_change", args=[application.user_id]),
+            # Pending although its ID is listed means another application used that ID first.
+            "listed_certificate": IssuedCertificate.objects.filter(
+                program=application.program_id,
+                certificate_id__in=certificate_ids_in_evidence(application.evidence),
+            )
+            .select_related("batch", "claimed_by__user")
+            .first(),
         }
         return TemplateResponse(request, "admin/credits/bonusapplication/review.html", context)
 
@@ -397,25 +418,205 @@ class BonusApplicationAdmin(admin.ModelAdmin):
                 request, f"Approved {granted} GPU-hours of {application.program.name} for {who}."
             )
 
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "can_import_certificates": CertificateImportAdmin.may_import(request),
+        }
+        return super().changelist_view(request, extra_context)
+
     @admin.action(description="Approve selected (full hours)", permissions=["change"])
     def approve_full(self, request, queryset):
-        skipped = 0
-        for application_id in queryset.order_by("created_at").values_list("pk", flat=True):
-            try:
-                decided = services.bonus_approve(application_id=application_id, actor=request.user)
-            except ValidationError:
-                skipped += 1
-                continue
+        result = services.bonus_approve_many(
+            application_ids=queryset.values_list("pk", flat=True), actor=request.user
+        )
+        for decided in result.decided:
             self._report(request, decided)
-        if skipped:
-            messages.warning(request, f"Skipped {skipped} application(s) that were already decided.")
+        if result.skipped:
+            messages.warning(request, f"Skipped {result.skipped} application(s) that were already decided.")
+
+    @admin.action(description="Reject selected (one reason for all)", permissions=["change"])
+    def reject_selected(self, request, queryset):
+        """First a page listing the selection and asking for the reason; its form posts back here."""
+        form = BonusRejectForm(request.POST if "_confirm_reject" in request.POST else None, prefix="bulk")
+        if form.is_valid():
+            result = services.bonus_reject_many(
+                application_ids=queryset.values_list("pk", flat=True),
+                actor=request.user,
+                reason=form.cleaned_data["reason"],
+            )
+            for decided in result.decided:
+                self.log_change(request, decided, f"Rejected: {decided.decision_reason}")
+            if result.decided:
+                messages.success(
+                    request,
+                    f"Rejected {len(result.decided)} application(s); each applicant is emailed the reason.",
+                )
+            if result.skipped:
+                messages.warning(
+                    request, f"Skipped {result.skipped} application(s) that were already decided."
+                )
+            return None  # back to the list
+        selected = list(queryset.select_related("user", "program").order_by("created_at", "pk"))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Reject the selected applications",
+            "form": form,
+            "pending": [
+                application
+                for application in selected
+                if application.status == BonusApplication.Status.PENDING
+            ],
+            "decided": [
+                application
+                for application in selected
+                if application.status != BonusApplication.Status.PENDING
+            ],
+            "selected": selected,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/credits/bonusapplication/reject_selected.html", context)
 
 
-class _ProgramAdmin(admin.ModelAdmin):
-    """Programs are switched off, not deleted: grants and applications point at them."""
+@admin.register(CertificateImport)
+class CertificateImportAdmin(admin.ModelAdmin):
+    """Imports of a program's certificate IDs. "Add" is the upload page; an import is never edited."""
+
+    list_display = (
+        "__str__",
+        "program",
+        "imported_by_name",
+        "imported_at",
+        "rows_read",
+        "new_ids",
+        "already_listed",
+        "duplicate_rows",
+        "approved_count",
+        "clamped_count",
+        "left_pending_count",
+    )
+    list_filter = ("program",)
+    list_select_related = ("program",)
+    date_hierarchy = "imported_at"
+    fields = (
+        "program",
+        "filename",
+        "imported_by_name",
+        "imported_at",
+        "rows_read",
+        "duplicate_rows",
+        "new_ids",
+        "already_listed",
+        "approved_count",
+        "clamped_count",
+        "left_pending_count",
+        "approved_table",
+    )
+    readonly_fields = fields
+
+    @staticmethod
+    def may_import(request) -> bool:
+        # An import approves applications, so it takes the permission that approving takes.
+        return request.user.has_perm("credits.change_bonusapplication")
+
+    def has_add_permission(self, request):
+        return self.may_import(request)
+
+    def has_view_permission(self, request, obj=None):
+        return self.may_import(request) or super().has_view_permission(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    @admin.display(description="Applications approved through this list")
+    def approved_table(self, batch):
+        applications = list(batch.approved_applications.select_related("user").order_by("decided_at", "pk"))
+        if not applications:
+            return "None."
+        rows = format_html_join(
+            "",
+            '<tr><td><a href="{}">{}</a></td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>',
+            (
+                (
+                    reverse("admin:credits_bonusapplication_change", args=[application.pk]),
+                    application.user.email,
+                    application.evidence,
+                    hours(application.requested_gpu_seconds or 0),
+                    application.granted_hours,
+                    f"cut by the {settings.BONUS_CAP_GPU_HOURS} GPU-hour cap" if application.clamped else "",
+                )
+                for application in applications
+            ),
+        )
+        return format_html(
+            '<table data-testid="approved"><thead><tr><th>Applicant</th><th>Evidence</th><th>Requested</th>'
+            "<th>Granted</th><th></th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    def add_view(self, request, form_url="", extra_context=None):
+        """The upload page: pick the program and the CSV; the import runs in the request."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            form = CertificateImportForm(request.POST, request.FILES)
+            if form.is_valid():
+                certificate_list = form.cleaned_data["file"]
+                try:
+                    batch = services.certificates_import(
+                        program=form.cleaned_data["program"],
+                        certificate_ids=certificate_list.ids,
+                        actor=request.user,
+                        filename=certificate_list.filename,
+                        note=form.cleaned_data["note"],
+                    )
+                except ValidationError as error:
+                    form.add_error("file", error)
+                else:
+                    self.log_addition(request, batch, f"Imported {batch.rows_read} rows")
+                    self._report(request, batch, certificate_list.header)
+                    return redirect("admin:credits_certificateimport_change", batch.pk)
+        else:
+            form = CertificateImportForm(initial={"program": request.GET.get("program")})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Import certificate IDs",
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/credits/certificateimport/upload.html", context)
+
+    def _report(self, request, batch, header):
+        messages.success(
+            request,
+            f"Imported {batch.filename} for {batch.program.name}: {batch.rows_read} rows read, "
+            f"{batch.new_ids} new IDs, {batch.already_listed} already listed, {batch.duplicate_rows} repeated "
+            f"rows; {batch.approved_count} pending application(s) approved"
+            + (f", {batch.clamped_count} of them cut by the bonus cap." if batch.clamped_count else "."),
+        )
+        if header:
+            messages.info(request, f"The first row, \u201c{header}\u201d, was read as a header and skipped.")
+        if batch.left_pending_count:
+            messages.warning(
+                request,
+                f"{batch.left_pending_count} pending application(s) name an ID that another application already "
+                "used; they are left for you to review.",
+            )
+
+
+class _ProgramAdmin(admin.ModelAdmin):
+    """Programs are switched off, not deleted: grants and applications point at them. Every save says why
+    and is recorded in the audit log (services.program_save)."""
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        services.program_save(program=obj, actor=request.user, reason=form.cleaned_data["change_reason"])
 
 
 @admin.register(SignupGrantProgram)
@@ -423,7 +624,7 @@ class SignupGrantProgramAdmin(_ProgramAdmin):
     form = SignupGrantProgramForm
     list_display = ("name", "grant_hours", "max_accounts", "granted_count", "open_until", "is_active")
     list_filter = ("is_active",)
-    fields = ("name", "hours", "max_accounts", "open_until", "is_active", "granted_count")
+    fields = ("name", "hours", "max_accounts", "open_until", "is_active", "granted_count", "change_reason")
     readonly_fields = ("granted_count",)
 
     @admin.display(description="GPU-hours per account", ordering="gpu_seconds")
@@ -434,10 +635,10 @@ class SignupGrantProgramAdmin(_ProgramAdmin):
 @admin.register(BonusProgram)
 class BonusProgramAdmin(_ProgramAdmin):
     form = BonusProgramForm
-    list_display = ("name", "slug", "maximum_hours", "pending", "is_active")
+    list_display = ("name", "slug", "maximum_hours", "pending", "is_active", "certificate_list")
     list_filter = ("is_active",)
     search_fields = ("name", "slug")
-    fields = ("name", "slug", "description", "evidence_label", "hours", "is_active")
+    fields = ("name", "slug", "description", "evidence_label", "hours", "is_active", "change_reason")
     prepopulated_fields = {"slug": ("name",)}
 
     def get_queryset(self, request):
@@ -460,3 +661,8 @@ class BonusProgramAdmin(_ProgramAdmin):
             + f"?program__id__exact={program.pk}&status__exact=pending"
         )
         return format_html('<a href="{}">{}</a>', url, program.pending_count)
+
+    @admin.display(description="Certificate list")
+    def certificate_list(self, program):
+        url = reverse("admin:credits_certificateimport_add") + f"?program={program.pk}"
+        return format_html('<a href="{}">Import IDs</a>', url)

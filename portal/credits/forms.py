@@ -1,14 +1,17 @@
 """Forms for the credit pages and the operator console. Hours are entered, GPU-seconds are stored."""
 
+import csv
+import io
 import re
 import uuid
+from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 
-from .models import GPU_SECONDS_PER_HOUR, BonusProgram, SignupGrantProgram
+from .models import CERTIFICATE_ID_MAX_LENGTH, GPU_SECONDS_PER_HOUR, BonusProgram, SignupGrantProgram
 
 EVIDENCE_MAX_LENGTH = 500
 # Generous ceiling for one operator entry; a typo of a few extra digits should be refused, not posted.
@@ -167,10 +170,17 @@ class BonusRejectForm(forms.Form):
 
 
 class _HoursModelForm(forms.ModelForm):
-    """A program form whose GPU-seconds field is edited as hours."""
+    """A program form whose GPU-seconds field is edited as hours, with the why for the audit log."""
 
     seconds_field: str
     hours = HoursField(label="GPU-hours", min_value=Decimal("0.01"))
+    change_reason = forms.CharField(
+        label="Reason for this change",
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Recorded in the audit log with your name.",
+        error_messages={"required": "Say why; the reason is recorded in the audit log."},
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -200,3 +210,149 @@ class BonusProgramForm(_HoursModelForm):
     class Meta:
         model = BonusProgram
         fields = ["name", "slug", "description", "evidence_label", "is_active"]
+
+
+# --- Certificate lists --------------------------------------------------------------------------------
+
+CERTIFICATE_FILE_MAX_BYTES = 5 * 1024 * 1024
+CERTIFICATE_FILE_EXTENSIONS = (".csv", ".txt")
+# How many offending row numbers an error message lists before "and N more".
+ROWS_NAMED_IN_ERRORS = 5
+# What a workbook or a PDF starts with: named in the error, because they are the usual wrong uploads.
+_NOT_CSV_SIGNATURES = {
+    b"PK\x03\x04": "an Excel workbook or another zip file",
+    b"\xd0\xcf\x11\xe0": "an old Excel workbook",
+    b"%PDF": "a PDF",
+}
+
+
+@dataclass(frozen=True)
+class CertificateList:
+    """What a certificate CSV held: the first cell of each data row (stripped, in file order, repeats
+    kept) and the header row's first cell when the file had one."""
+
+    filename: str
+    ids: list[str]
+    header: str | None
+
+
+def _rows_named(rows: list[int]) -> str:
+    named = ", ".join(str(row) for row in rows[:ROWS_NAMED_IN_ERRORS])
+    more = len(rows) - ROWS_NAMED_IN_ERRORS
+    return f"{named} and {more} more" if more > 0 else named
+
+
+def parse_certificate_csv(data: bytes, *, filename: str = "") -> CertificateList:
+    """Read a CSV of certificate IDs: one ID per row in the first column, any further columns (issue date,
+    name) ignored. Tolerates a UTF-8 byte-order mark, surrounding whitespace, blank lines, repeated IDs
+    and comma, semicolon or tab separators. The first row is a header, and skipped, when its first
+    cell has no digit: certificate IDs have digits, headers such as "certificate_id" do not.
+
+    Returns a CertificateList. Raises ValidationError saying what is wrong when the data is not UTF-8
+    CSV text, holds no ID, or has rows without an ID or with an ID that is too long; the caller
+    imports nothing then.
+    """
+    for signature, what in _NOT_CSV_SIGNATURES.items():
+        if data.startswith(signature):
+            raise ValidationError(
+                f"This file is {what}, not a CSV. Save it as CSV (one ID per row) and upload that."
+            )
+    if b"\x00" in data:
+        raise ValidationError(
+            "This is not a CSV file: it contains binary data. Upload a text file with one ID per row."
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValidationError(
+            "The file is not UTF-8 text. Save it as \u201cCSV UTF-8\u201d and upload it again."
+        ) from None
+    first_line = next((line for line in text.splitlines() if line.strip()), "")
+    delimiter = next((candidate for candidate in (",", ";", "\t") if candidate in first_line), ",")
+    ids, header, without_id, too_long = [], None, [], []
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        for row in reader:
+            cells = [cell.strip() for cell in row]
+            if not any(cells):
+                continue
+            value = cells[0]
+            if (
+                not ids
+                and header is None
+                and not without_id
+                and value
+                and not any(c.isdigit() for c in value)
+            ):
+                header = value
+            elif not value:
+                without_id.append(reader.line_num)
+            elif len(value) > CERTIFICATE_ID_MAX_LENGTH:
+                too_long.append(reader.line_num)
+            else:
+                ids.append(value)
+    except csv.Error as error:
+        raise ValidationError(
+            f"This file is not a CSV we can read (line {reader.line_num}: {error})."
+        ) from None
+    problems = []
+    if without_id:
+        problems.append(f"no certificate ID in the first column on line(s) {_rows_named(without_id)}")
+    if too_long:
+        problems.append(
+            f"an ID longer than {CERTIFICATE_ID_MAX_LENGTH} characters on line(s) {_rows_named(too_long)}"
+        )
+    if problems:
+        raise ValidationError(
+            f"Nothing was imported: {'; '.join(problems)}. Fix the file and upload it again."
+        )
+    if not ids:
+        only_header = (
+            f" Its only row, \u201c{header}\u201d, was read as a header because it has no digit."
+            if header
+            else ""
+        )
+        raise ValidationError(
+            f"The file has no certificate IDs. Put one ID per row in the first column.{only_header}"
+        )
+    return CertificateList(filename=filename, ids=ids, header=header)
+
+
+class CertificateImportForm(forms.Form):
+    """An operator's upload of the certificate IDs a program issued."""
+
+    program = forms.ModelChoiceField(
+        queryset=BonusProgram.objects.all(),
+        empty_label=None,
+        help_text="Pending applications to this program that name a listed ID are approved at once, "
+        "and so are later applications that do.",
+    )
+    file = forms.FileField(
+        label="CSV file",
+        help_text="One certificate ID per row in the first column; a header row and further columns "
+        "(issue date, name) are fine. At most 5 MB.",
+        error_messages={
+            "required": "Choose the CSV file to import.",
+            "empty": "The file is empty: there are no certificate IDs in it.",
+        },
+    )
+    note = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Note (optional)",
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Recorded in the audit log, e.g. who sent the list.",
+    )
+
+    def clean_file(self) -> CertificateList:
+        uploaded = self.cleaned_data["file"]
+        name = uploaded.name or ""
+        if not name.lower().endswith(CERTIFICATE_FILE_EXTENSIONS):
+            raise ValidationError(
+                f"{name} is not a CSV file. Upload a .csv file with one certificate ID per row."
+            )
+        if uploaded.size > CERTIFICATE_FILE_MAX_BYTES:
+            raise ValidationError(
+                f"{name} is {uploaded.size / 1024 / 1024:.1f} MB; the limit is 5 MB. Split it into smaller files."
+            )
+        return parse_certificate_csv(uploaded.read(), filename=name)

@@ -237,7 +237,9 @@ def _share_program(program) -> None:
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT 1 FROM {BonusProgram._meta.db_table} WHERE id = %s FOR KEY SHARE", [program.pk])
+        cursor.execute(
+            f"SELECT 1 FROM {BonusProgram._meta.db_table} WHERE id = %s FOR KEY SHARE", [program.pk]
+        )
 
 
 def bonus_approve(

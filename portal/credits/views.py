@@ -40,14 +40,21 @@ def bonus(request):
         if form.is_valid():
             program = form.cleaned_data["program"]
             try:
-                services.bonus_apply(
+                application = services.bonus_apply(
                     user=request.user, program=program, evidence=form.cleaned_data["evidence"]
                 )
             except ValidationError as error:
                 # The service's message is written for the applicant; the form keeps what they typed.
                 form.add_error(None, error)
             else:
-                messages.success(request, f"Your application for {program.name} was sent for review.")
+                if application.status == application.Status.APPROVED:
+                    messages.success(
+                        request,
+                        f"Your certificate ID is on the {program.name} list: "
+                        f"{application.granted_hours} GPU-hours were added.",
+                    )
+                else:
+                    messages.success(request, f"Your application for {program.name} was sent for review.")
                 return redirect("credits:bonus")
 
     applications = list(selectors.applications_for(request.user))

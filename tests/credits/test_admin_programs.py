@@ -21,6 +21,7 @@ def signup_form(**changes):
         "open_until_0": "",
         "open_until_1": "",
         "is_active": "on",
+        "change_reason": "Quarterly review of the grant",
     }
     return {**form, **changes}
 
@@ -33,6 +34,7 @@ def bonus_form(**changes):
         "evidence_label": "Team page URL",
         "hours": "12.5",
         "is_active": "on",
+        "change_reason": "New program for the MI300X hackathon",
     }
     return {**form, **changes}
 
@@ -119,6 +121,17 @@ def test_it_refuses_bad_hours_on_both_programs(olivia_client, signup_program, ro
     signup_program.refresh_from_db()
     rocm_star.refresh_from_db()
     assert (signup_program.gpu_seconds, rocm_star.max_gpu_seconds) == (25 * HOUR, 50 * HOUR)
+
+
+def test_it_refuses_a_program_change_without_a_reason(olivia_client, rocm_star):
+    response = olivia_client.post(
+        f"/admin/credits/bonusprogram/{rocm_star.pk}/change/",
+        bonus_form(name=rocm_star.name, slug=rocm_star.slug, hours="10", change_reason="  "),
+    )
+
+    assertContains(response, "Say why; the reason is recorded in the audit log.")
+    rocm_star.refresh_from_db()
+    assert rocm_star.max_gpu_seconds == 50 * HOUR
 
 
 def test_it_refuses_a_bonus_program_without_a_name_or_with_a_taken_slug(olivia_client, rocm_star):
