@@ -1,13 +1,24 @@
-"""Screenshots of the portal for the README: docs/screenshots/{login,signup,dashboard,dashboard-phone}.png.
+"""Screenshots of the portal for the README, in docs/screenshots/.
 
-Needs a running portal (`make run` in another terminal; `make screenshots` runs this script). It creates or
-refreshes a verified demo developer with the early-registrant grant in the portal's database, logs in
-through the login form, and photographs the pages with headless Chromium. Playwright drives the system's
-/usr/bin/chromium and never downloads a browser. Safe to run again: the demo user is reused.
+Two sources, because the pictures need different things:
+
+- By default, a running portal (`make run` in another terminal; `make screenshots` runs this script):
+  login.png, signup.png and dashboard-phone.png. It creates or refreshes a verified demo developer with
+  the early-registrant grant in the portal's database, logs in through the login form, and photographs
+  the pages. Safe to run again: the demo user is reused.
+- With --journey, the browser journey test (tests/browser/test_journey.py) against its own real stack
+  (web process, Celery worker, Docker engine with the CPU image, SMTP): dashboard.png, bonus.png,
+  instances.png, launch-progress.png, jupyterlab.png, operator-console-review.png and
+  console-dashboard.png, taken as a newcomer and an operator click through. It needs what `make test`
+  needs (PostgreSQL, Redis, dockerd, the built CPU image); no `make run` is involved.
+
+Headless Chromium: Playwright drives the system's /usr/bin/chromium and never downloads a browser.
 
     .venv/bin/python scripts/screenshots.py [--base-url http://127.0.0.1:8000]
+    .venv/bin/python scripts/screenshots.py --journey
 
-Exit status 0 when every page answered 200 and was saved, 1 otherwise (the others are still saved).
+Exit status 0 when every page answered 200 and was saved (or the journey passed), 1 otherwise (the
+other pictures are still saved).
 """
 
 import argparse
@@ -98,10 +109,33 @@ def log_in(page, base_url: str, email: str, password: str) -> None:
         raise RuntimeError(f"login as {email} failed; the page says: {page.inner_text('main')[:500]}")
 
 
+def journey() -> int:
+    """Runs the browser journey test with UPDATE_README_SCREENSHOTS=1; returns pytest's exit status."""
+    import subprocess
+
+    env = {**os.environ, "UPDATE_README_SCREENSHOTS": "1"}
+    env.setdefault("TEST_DATABASE_NAME", "test_screenshots")
+    command = [sys.executable, "-m", "pytest", "tests/browser/test_journey.py", "-q"]
+    status = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+    if status == 0:
+        print(f"screenshots: the journey's pictures are in {OUT.relative_to(ROOT)}/")
+    else:
+        print("screenshots: PROBLEM: the journey failed; docs/screenshots/ was not changed", file=sys.stderr)
+    return 1 if status else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default=os.environ.get("SCREENSHOT_BASE_URL", "http://127.0.0.1:8000"))
-    base_url = parser.parse_args().base_url.rstrip("/")
+    parser.add_argument(
+        "--journey",
+        action="store_true",
+        help="photograph the browser journey test instead of a running portal",
+    )
+    arguments = parser.parse_args()
+    if arguments.journey:
+        return journey()
+    base_url = arguments.base_url.rstrip("/")
 
     import httpx
     from playwright.sync_api import Error as PlaywrightError
@@ -126,10 +160,9 @@ def main() -> int:
             shoot(visitor, f"{base_url}/accounts/login/", OUT / "login.png", problems)
             shoot(visitor, f"{base_url}/accounts/signup/", OUT / "signup.png", problems)
 
-            developer = browser.new_page(viewport=LAPTOP)
+            # dashboard.png on a laptop comes from the journey (--journey), with a real approval and charge.
+            developer = browser.new_page(viewport=PHONE)
             log_in(developer, base_url, email, password)
-            shoot(developer, f"{base_url}/", OUT / "dashboard.png", problems)
-            developer.set_viewport_size(PHONE)
             shoot(developer, f"{base_url}/", OUT / "dashboard-phone.png", problems)
         except (PlaywrightError, RuntimeError) as error:
             problems.append(str(error))

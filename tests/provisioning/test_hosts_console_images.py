@@ -180,9 +180,8 @@ repository = "devcloud/test-hosts-slow"
         client.images.remove(reference, force=True)
 
 
-# The job runs in a thread of its own, as on a worker: it sees only committed rows. serialized_rollback
-# puts the seeded rows (credit programs) back for the tests that run after this one.
-@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# The job runs in a thread of its own, as on a worker: it sees only committed rows.
+@pytest.mark.django_db(transaction=True)
 def test_a_build_shows_its_progress_while_it_runs(olivia, slow_catalogue):
     host = make_host("gpu-build")
     image = make_image("slow", slow_catalogue, build_context="slow")
@@ -277,7 +276,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed")
-@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+@pytest.mark.django_db(transaction=True)
 def test_the_progress_page_updates_in_the_browser_without_a_reload(olivia, live_server, slow_catalogue):
     from playwright.sync_api import sync_playwright
 
