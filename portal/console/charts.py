@@ -54,6 +54,9 @@ def format_number(value: float) -> str:
         return f"{int(value):,}"
     if abs(value) >= 100:
         return f"{value:,.0f}"
+    if abs(value) < 0.1:
+        # Small ranges (a few GPU-minutes) need significant digits, or neighbouring ticks read the same.
+        return f"{value:.2g}"
     return f"{value:,.2f}".rstrip("0").rstrip(".")
 
 

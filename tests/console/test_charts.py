@@ -132,3 +132,12 @@ def test_it_shortens_long_labels_but_keeps_them_whole_in_the_tooltip():
 
     assert f"<title>{label}: 2.5 GPU-h</title>" in svg
     assert ">a-very-long-address-for-a-develop…</text>" in svg
+
+
+def test_it_labels_small_axis_ticks_distinctly():
+    # A day with a few GPU-minutes burned has ticks 0.0025 apart; they must not all read "0.01".
+    from portal.console.charts import format_number
+
+    labels = [format_number(tick) for tick in (0, 0.0025, 0.005, 0.0075, 0.01)]
+
+    assert len(set(labels)) == 5
