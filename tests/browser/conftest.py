@@ -100,6 +100,7 @@ def portal_stack(transactional_db, journey_portal_id, static_root, artifacts, tm
             queue=queue,
             site_url=site_url,
             smtp_port=smtp_port,
+            static_root=static_root,
         )
         with celery_worker(queues=[queue], broker_url=broker_url, extra_env=env) as worker:
             web = PortalProcess(port=port, env=env, log_path=tmp_path / "web.log")

@@ -39,7 +39,14 @@ def collect_static(static_root: Path) -> Path:
 
 
 def stack_env(
-    *, portal_id: str, database_url: str, broker_url: str, queue: str, site_url: str, smtp_port: int
+    *,
+    portal_id: str,
+    database_url: str,
+    broker_url: str,
+    queue: str,
+    site_url: str,
+    smtp_port: int,
+    static_root: Path,
 ) -> dict[str, str]:
     """The environment of the web process and the worker: same database, queue, portal id and mail server."""
     return {
@@ -58,6 +65,8 @@ def stack_env(
         "EMAIL_PORT": str(smtp_port),
         # The verification link in the email must lead to this web process.
         "SITE_URL": site_url,
+        # Serve the files collected for this run, never a stale var/static from `make run`.
+        "STATIC_ROOT": str(static_root),
         "PYTHONUNBUFFERED": "1",
     }
 
