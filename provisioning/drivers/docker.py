@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from urllib.parse import urlparse
 
@@ -41,6 +42,8 @@ BUILD_TIMEOUT = 3600
 GIB = 1024**3
 # /dev/shm gets half the memory limit (PyTorch data loaders live there), but no more than this.
 MAX_SHM_BYTES = 64 * GIB
+# Seconds to wait for the network or container a concurrent start of the same instance is making.
+RACE_WAIT_SECONDS = 5
 
 
 def api_timeout() -> int:
@@ -433,9 +436,12 @@ class DockerDriver(Driver):
                 },
             )
         except docker.errors.APIError as error:
-            if error.status_code == 409:  # a concurrent attempt made it first
-                return client.networks.get(name)
-            raise
+            # A concurrent attempt (a redelivered task, or the reconciler's resume) made it first. The
+            # engine's name check is not atomic: a racer that got past it is refused for the bridge
+            # name instead (403).
+            if error.status_code != 409 and "same bridge name" not in str(error.explanation or ""):
+                raise
+        return self._made_by_other_attempt(client.networks.get, name)
 
     def _remove_networks(self, client, instance):
         # By label as well as name: an engine that ignored check_duplicate may hold two of them.
@@ -543,9 +549,29 @@ class DockerDriver(Driver):
                 permanent=True,
             ) from error
         except docker.errors.APIError as error:
-            if error.status_code == 409:  # a concurrent attempt created it first
-                return client.containers.get(container_name(instance))
-            raise
+            if error.status_code != 409:
+                raise
+        # A concurrent attempt created it first.
+        return self._made_by_other_attempt(client.containers.get, container_name(instance))
+
+    def _made_by_other_attempt(self, get, name: str):
+        """Returns what a concurrent start of the same instance is making, once the engine shows it.
+
+        The engine reserves a name before the thing can be looked up by it, so the loser of a race sees
+        the conflict a moment before it can find the winner's. Giving up (or treating the conflict as a
+        failure) would make the loser discard the winner's container and network and fail the launch.
+        Raises DriverError(permanent=False) if it does not appear within RACE_WAIT_SECONDS.
+        """
+        deadline = time.monotonic() + RACE_WAIT_SECONDS
+        while True:
+            try:
+                return get(name)
+            except docker.errors.NotFound:
+                if time.monotonic() > deadline:
+                    raise DriverError(
+                        f"{name} is being made by another attempt on host {self.host.name}.", permanent=False
+                    ) from None
+                time.sleep(0.05)
 
     def _endpoint(self, container) -> tuple[str, int]:
         bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(

@@ -1,0 +1,559 @@
+"""Launch latency: from clicking Launch to JupyterLab answering /api/status through the gateway, next to a
+plain `docker run` of the same image answering /api/status, measured in the same run on the same machine.
+
+Everything is real: a scratch PostgreSQL database, Redis, a Celery worker subprocess, the Docker engine
+with the built CPU image, and the portal under uvicorn in its own process (as `make run` serves it).
+Two simulated 8x MI300X hosts (the KFD fixture sysfs and stand-in device nodes) share the local engine;
+their containers may use every CPU of the engine, as a plain `docker run` may.
+
+- portal: `instance_launch` (what the Launch button's view calls) -> the worker allocates, starts the
+  hardened container on its own network, and waits for JupyterLab -> the first 200 from
+  GET /instances/<id>/lab/api/status through the gateway with the owner's session cookie. The gateway
+  refuses an instance until it runs, so the clock waits for the instance to run (one thread reads every
+  waited-for state in one query per look) and then asks the gateway.
+- plain: `docker run -d -p 127.0.0.1:<port>:8888` with the same token and base URL, then GET /api/status
+  on that port until it answers 200.
+
+Single launches alternate portal / plain, REPEAT times each after one warm-up of both, every instance
+stopped (and its teardown finished) before the next. The burst fires BURST launches at once from BURST
+threads (one user each), and as many `docker run`s at once, and reports each one's own time; it runs
+BURST_ROUNDS times for each side, alternating which side goes first. The worker runs a thread pool as
+large as the burst: provisioning mostly waits on the engine and on JupyterLab, so the number of launches
+that start at once is the worker's concurrency.
+
+JupyterLab's own start-up (from the container starting to its "Use Control-C to stop this server" log
+line, timestamped by the engine) is most of either figure and varies with the machine's load. The bench
+also prints each side's time outside it, which is what the launch path adds, and where the portal's
+time goes, phase by phase.
+
+Needs root (mknod for the stand-in device nodes) and the CPU image (`make bench` builds it first).
+"""
+
+import logging
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+from benchmarks import scratch_database
+
+DATABASE = "devcloud_bench_launch"
+REPEAT = int(os.environ.get("BENCH_LAUNCH_REPEAT", "5"))
+BURST = int(os.environ.get("BENCH_LAUNCH_BURST", "10"))
+# 0 skips the burst.
+BURST_ROUNDS = int(os.environ.get("BENCH_LAUNCH_BURST_ROUNDS", "2"))
+# How often the clocks look: every 10 ms for single launches; every 50 ms in a burst, where ten clocks
+# at 10 ms would themselves load a small machine (on both sides alike).
+POLL = 0.01
+BURST_POLL = 0.05
+TIMEOUT = 180
+REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "9"))
+# The line JupyterLab logs once it serves (just before its event loop starts).
+SERVING_LINE = "Use Control-C to stop this server"
+
+_poll = threading.local()
+
+
+@dataclass
+class Sample:
+    """One launch: seconds to the first 200, seconds of JupyterLab's own start-up, and (portal) phases."""
+
+    total: float
+    boot: float
+    phases: dict = field(default_factory=dict)
+
+    @property
+    def outside_boot(self) -> float:
+        return self.total - self.boot
+
+
+def _database_url(settings_dict) -> str:
+    user = settings_dict.get("USER") or "postgres"
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
+
+
+def _wait(predicate, what: str, timeout: float = TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(getattr(_poll, "interval", POLL))
+    raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _answers(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _now() -> datetime:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def _docker_time(text: str) -> datetime:
+    # "2026-11-29T15:28:09.123456789Z": nanoseconds, which fromisoformat does not take.
+    whole, _, fraction = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{whole}.{(fraction + '000000')[:6]}+00:00")
+
+
+def _container_times(container) -> tuple[datetime, datetime]:
+    """When the container started, and when JupyterLab in it logged that it serves (engine timestamps)."""
+    container.reload()
+    started = _docker_time(container.attrs["State"]["StartedAt"])
+    for line in container.logs(timestamps=True).decode(errors="replace").splitlines():
+        if SERVING_LINE in line:
+            return started, _docker_time(line.split(" ", 1)[0])
+    raise RuntimeError(f"{container.name} never logged {SERVING_LINE!r}")
+
+
+@contextmanager
+def _portal_server(database_url: str, log: Path):
+    """The portal (Django and the gateway) under uvicorn in its own process; yields its URL."""
+    from tests.gateway.helpers import free_port
+
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings.test", "DATABASE_URL": database_url}
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "portal.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client() as client:
+            _wait(lambda: _answers(client, f"{url}/accounts/login/"), "the portal to answer", 60)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+class StateWatcher:
+    """Tells waiting clocks when their instance runs. One thread reads the state of every instance being
+    waited for in one query per look, so the clocks' own reads weigh the same on the database for one
+    launch as for a burst (the gateway refuses an instance until it runs, so asking it earlier is moot).
+    """
+
+    def __init__(self):
+        self.interval = POLL
+        self._waiting: dict = {}
+        self._ended: dict = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-state-watcher", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stopped.set()
+        self._thread.join(10)
+
+    def wait_running(self, instance_id, timeout: float = TIMEOUT) -> None:
+        """Returns once the instance runs. Raises RuntimeError if it ends (failed, stopped) or times out."""
+        event = threading.Event()
+        with self._lock:
+            self._waiting[instance_id] = event
+        if not event.wait(timeout):
+            raise RuntimeError(f"timed out after {timeout} s waiting for instance {instance_id} to run")
+        if instance_id in self._ended:
+            raise RuntimeError(f"launch {instance_id} ended: {self._ended[instance_id]}")
+
+    def _run(self):
+        from django.db import connection
+
+        from portal.instances.models import Instance
+
+        try:
+            while not self._stopped.is_set():
+                with self._lock:
+                    ids = list(self._waiting)
+                if ids:
+                    rows = Instance.objects.filter(id__in=ids).values_list("id", "state", "failure_reason")
+                    for instance_id, state, reason in rows:
+                        if state in (Instance.State.FAILED, Instance.State.STOPPED):
+                            self._ended[instance_id] = f"{state}: {reason}"
+                        elif state != Instance.State.RUNNING:
+                            continue
+                        with self._lock:
+                            self._waiting.pop(instance_id).set()
+                time.sleep(self.interval)
+        finally:
+            connection.close()
+
+
+class Portal:
+    """Launches as a user clicks them and times each to its first 200 through the gateway."""
+
+    def __init__(self, url: str, watcher: StateWatcher):
+        self.url = url
+        self.watcher = watcher
+
+    def session_for(self, user) -> str:
+        from django.conf import settings
+        from django.test import Client
+
+        browser = Client()
+        browser.force_login(user)
+        return browser.cookies[settings.SESSION_COOKIE_NAME].value
+
+    def launch_and_time(self, user, session_key: str) -> tuple[Sample, object]:
+        """Launches for `user` and returns its Sample and the instance id."""
+        from django.conf import settings
+        from django.db import close_old_connections
+
+        from portal.instances import services
+
+        # Made before the clock starts: building a client (its TLS context) takes tens of milliseconds,
+        # which a browser that already shows the portal has long paid.
+        browser = httpx.Client(cookies={settings.SESSION_COOKIE_NAME: session_key}, timeout=5)
+        try:
+            clicked = _now()
+            started = time.perf_counter()
+            instance = services.instance_launch(user=user, size="1x", image_key="cpu")
+            self.watcher.wait_running(instance.id)
+            seen = time.perf_counter()
+            url = f"{self.url}/instances/{instance.id}/lab/api/status"
+            asked = [0.0]
+
+            def gateway_answers():
+                asked[0] = time.perf_counter()
+                return _answers(browser, url)
+
+            _wait(gateway_answers, f"the gateway to answer for {instance.short_id}")
+            answered = time.perf_counter()
+
+            def at(moment: float) -> datetime:
+                return clicked + timedelta(seconds=moment - started)
+
+            return self._sample(instance.id, clicked, at(seen), at(asked[0]), at(answered)), instance.id
+        finally:
+            browser.close()
+            close_old_connections()
+
+    @staticmethod
+    def _sample(instance_id, clicked, seen, asked, answered) -> Sample:
+        """Where one launch's time went, from its timeline (InstanceEvent rows) and the engine."""
+        from portal.instances.models import Instance
+        from tests.support.docker_instances import docker_client
+
+        instance = Instance.objects.get(pk=instance_id)
+        steps = {event.step: event.created_at for event in instance.events.all()}
+        container = docker_client().containers.get(instance.driver_state["container_name"])
+        container_started, serving = _container_times(container)
+        marks = [
+            ("click -> worker claims it", clicked, instance.provisioning_at),
+            ("claim -> driver.start called", instance.provisioning_at, steps["starting"]),
+            ("driver.start -> container started", steps["starting"], container_started),
+            ("container started -> JupyterLab serves", container_started, serving),
+            ("JupyterLab serves -> marked ready", serving, instance.ready_at),
+            ("ready -> the clock sees it running", instance.ready_at, seen),
+            ("-> gateway asked", seen, asked),
+            ("gateway request that got 200", asked, answered),
+        ]
+        phases = {label: (end - begin).total_seconds() for label, begin, end in marks}
+        return Sample(
+            total=(answered - clicked).total_seconds(),
+            boot=(serving - container_started).total_seconds(),
+            phases=phases,
+        )
+
+    def stop(self, user, instance_id) -> None:
+        from portal.instances import services
+        from portal.instances.models import Instance
+
+        services.instance_stop(user=user, instance_id=instance_id)
+        _wait(
+            lambda: Instance.objects.filter(pk=instance_id, state=Instance.State.STOPPED).exists(),
+            "the teardown",
+        )
+
+
+class Plain:
+    """`docker run` of the same image, timed to its first 200 from /api/status on the published port."""
+
+    def __init__(self, reference: str, label: str):
+        self.reference = reference
+        self.label = label
+
+    def run_and_time(self) -> Sample:
+        from tests.gateway.helpers import free_port
+        from tests.support.docker_instances import docker_client
+
+        token, base = secrets.token_hex(24), f"/instances/{uuid.uuid4()}/lab/"
+        port = free_port()
+        client = httpx.Client(headers={"Authorization": f"token {token}"}, timeout=5)
+        clicked = _now()
+        started = time.perf_counter()
+        run = subprocess.run(
+            [
+                "docker",
+                "run",
+                "-d",
+                "--label",
+                self.label,
+                "-e",
+                f"JUPYTER_TOKEN={token}",
+                "-e",
+                f"JUPYTER_BASE_URL={base}",
+                "-p",
+                f"127.0.0.1:{port}:8888",
+                self.reference,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        url = f"http://127.0.0.1:{port}{base}api/status"
+        with client:
+            _wait(lambda: _answers(client, url), "plain docker run to answer")
+        total = time.perf_counter() - started
+        container_started, serving = _container_times(docker_client().containers.get(run.stdout.strip()))
+        return Sample(
+            total=total,
+            boot=(serving - container_started).total_seconds(),
+            phases={
+                "docker run -> container started": (container_started - clicked).total_seconds(),
+                "JupyterLab serves -> the clock's 200": (
+                    clicked + timedelta(seconds=total) - serving
+                ).total_seconds(),
+            },
+        )
+
+    def remove_all(self) -> None:
+        ids = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label={self.label}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+
+
+def _burst(count: int, work) -> list:
+    """Runs work(i) in `count` threads released together; returns their results in order."""
+    results: list = [None] * count
+    gate = threading.Barrier(count)
+
+    def run(index):
+        _poll.interval = BURST_POLL
+        gate.wait()
+        try:
+            results[index] = work(index)
+        except Exception as error:  # noqa: BLE001  (reported below, once every thread ended)
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    errors = [r for r in results if isinstance(r, Exception)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of the burst failed: {errors[0]}")
+    return results
+
+
+def _median(values) -> float:
+    return statistics.median(list(values))
+
+
+def _report(label: str, portal: list[Sample], plain: list[Sample]) -> dict:
+    """Prints one scenario's comparison and returns its figures."""
+    figures = {
+        "portal_median_s": _median(s.total for s in portal),
+        "portal_max_s": max(s.total for s in portal),
+        "plain_median_s": _median(s.total for s in plain),
+        "plain_max_s": max(s.total for s in plain),
+        "portal_outside_boot_median_s": _median(s.outside_boot for s in portal),
+        "plain_outside_boot_median_s": _median(s.outside_boot for s in plain),
+    }
+    figures["over_s"] = figures["portal_median_s"] - figures["plain_median_s"]
+    figures["ratio"] = figures["portal_median_s"] / figures["plain_median_s"]
+    figures["max_ratio"] = figures["portal_max_s"] / figures["plain_max_s"]
+    figures["outside_boot_over_s"] = (
+        figures["portal_outside_boot_median_s"] - figures["plain_outside_boot_median_s"]
+    )
+    print(f"{label} (n = {len(portal)} each)")
+    for side in ("portal", "plain"):
+        name = "portal (through the gateway)" if side == "portal" else "plain docker run"
+        print(
+            f"  {name:<30} median {figures[f'{side}_median_s']:6.3f} s   max {figures[f'{side}_max_s']:6.3f} s"
+            f"   outside JupyterLab's start-up {figures[f'{side}_outside_boot_median_s']:6.3f} s (median)"
+        )
+    print(
+        f"  portal - plain: {figures['over_s']:+.3f} s median, "
+        f"{figures['portal_max_s'] - figures['plain_max_s']:+.3f} s max; "
+        f"ratio {figures['ratio']:.3f} median, {figures['max_ratio']:.3f} max; "
+        f"outside JupyterLab's start-up {figures['outside_boot_over_s']:+.3f} s"
+    )
+    print("  where the time goes (median of each phase):")
+    for sample_set, side in ((portal, "portal"), (plain, "plain")):
+        for phase in sample_set[0].phases:
+            print(f"    {side:<6} {phase:<40} {_median(s.phases[phase] for s in sample_set):6.3f} s")
+        print(f"    {side:<6} {'(JupyterLab start-up)':<40} {_median(s.boot for s in sample_set):6.3f} s")
+    return {key: round(value, 3) for key, value in figures.items()}
+
+
+def _ensure_image() -> str:
+    from portal.instances.catalog import image_reference
+
+    reference = image_reference("cpu")
+    inspect = subprocess.run(["docker", "image", "inspect", reference], capture_output=True, check=False)
+    if inspect.returncode != 0:
+        print(f"building {reference} (scripts/build-images.sh cpu) ...", flush=True)
+        subprocess.run(["bash", "scripts/build-images.sh", "cpu"], check=True, capture_output=True)
+    return reference
+
+
+def main() -> dict:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if os.geteuid() != 0:
+        print("skipped: the stand-in GPU device nodes need root (mknod)")
+        return {}
+    from django.db import connection
+    from django.test import override_settings
+
+    from portal.accounts.models import User
+    from portal.credits import services as credits
+    from portal.instances.catalog import catalog_sync
+    from provisioning.models import GpuHost
+    from tests.e2e.helpers import register_host, stand_in_dev_root
+    from tests.support.docker_instances import docker_client, remove_portal_objects
+    from tests.support.worker import celery_publishing_to, celery_worker, redis_url, unique_queue
+
+    reference = _ensure_image()
+    portal_id = f"bench-launch-{uuid.uuid4().hex[:8]}"
+    plain = Plain(reference, f"devcloud.bench={portal_id}")
+    queue, broker = unique_queue("bench-launch"), redis_url(REDIS_DB)
+    worker_env = {
+        "DEVCLOUD_PORTAL_ID": portal_id,
+        "DEVCLOUD_DRIVER": "docker",
+        "READY_TIMEOUT_SECONDS": "170",
+    }
+
+    with (
+        scratch_database(DATABASE),
+        tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch,
+        override_settings(
+            DEVCLOUD_PORTAL_ID=portal_id, DEVCLOUD_DRIVER="docker", CELERY_TASK_ALWAYS_EAGER=False
+        ),
+    ):
+        scratch = Path(scratch)
+        dev_root = stand_in_dev_root(scratch / "host-dev")
+        engine_cpus = docker_client().info()["NCPU"]
+        for name in ("gpu-bench-01", "gpu-bench-02"):
+            host = register_host(name, dev_root.path)
+            # Every CPU of the engine, as plain `docker run` gets: the comparison is of the launch path,
+            # not of the CPU share an operator gives each GPU (one CPU each by default).
+            GpuHost.objects.filter(pk=host.pk).update(cpus_per_gpu=engine_cpus)
+        catalog_sync()
+        users = [
+            User.objects.create_user(f"bench{n}@example.com", email_verified_at=_now()) for n in range(BURST)
+        ]
+        for user in users:
+            credits.credits_adjust(
+                user=user,
+                gpu_seconds=100 * 3600,
+                reason="Bench",
+                actor=None,
+                idempotency_key=str(uuid.uuid4()),
+            )
+        database_url = _database_url(connection.settings_dict)
+        try:
+            with (
+                _portal_server(database_url, scratch / "portal.log") as portal_url,
+                celery_worker(
+                    queues=[queue],
+                    broker_url=broker,
+                    database_url=database_url,
+                    extra_env=worker_env,
+                    extra_args=["--pool", "threads", "--concurrency", str(BURST)],
+                ),
+                celery_publishing_to(broker_url=broker, queue=queue),
+                StateWatcher() as watcher,
+            ):
+                portal = Portal(portal_url, watcher)
+                sessions = [portal.session_for(user) for user in users]
+
+                # Warm-up (image layers in the page cache, the workspace volume made, connections open).
+                _, warm = portal.launch_and_time(users[0], sessions[0])
+                portal.stop(users[0], warm)
+                plain.run_and_time()
+                plain.remove_all()
+
+                singles, single_plains = [], []
+                for _ in range(REPEAT):
+                    sample, instance_id = portal.launch_and_time(users[0], sessions[0])
+                    singles.append(sample)
+                    portal.stop(users[0], instance_id)
+                    single_plains.append(plain.run_and_time())
+                    plain.remove_all()
+
+                watcher.interval = BURST_POLL
+                bursts, burst_plains = [], []
+
+                def portal_burst():
+                    launched = _burst(BURST, lambda i: portal.launch_and_time(users[i], sessions[i]))
+                    bursts.extend(sample for sample, _ in launched)
+                    for user, (_, instance_id) in zip(users, launched):
+                        portal.stop(user, instance_id)
+
+                def plain_burst():
+                    burst_plains.extend(_burst(BURST, lambda i: plain.run_and_time()))
+                    plain.remove_all()
+
+                # Alternating which side goes first, so a machine that gets busier or quieter during the
+                # run favours neither.
+                for number in range(BURST_ROUNDS):
+                    for run in (portal_burst, plain_burst)[:: 1 if number % 2 == 0 else -1]:
+                        run()
+        finally:
+            plain.remove_all()
+            remove_portal_objects(portal_id)
+
+    print(f"Launch to JupyterLab /api/status, CPU image {reference}")
+    single = _report("1 launch", singles, single_plains)
+    burst = _report(f"burst of {BURST}, per instance", bursts, burst_plains) if bursts else {}
+    return {
+        **{f"single_{key}": value for key, value in single.items()},
+        **{f"burst_{key}": value for key, value in burst.items()},
+    }
+
+
+if __name__ == "__main__":
+    from benchmarks import setup_django
+
+    setup_django()
+    main()
