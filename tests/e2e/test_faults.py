@@ -152,7 +152,7 @@ def funded_alice(alice):
 
 
 @pytest.mark.parametrize("step", ["allocating", "starting", "waiting"])
-def test_a_worker_killed_mid_launch_is_taken_over_by_the_next_with_one_container_and_one_charge(
+def test_it_finishes_a_launch_whose_worker_was_killed_with_one_container_and_one_charge(
     step, funded_alice, host, e2e_cloud, e2e_images
 ):
     balance_before = balance_for(funded_alice)
@@ -199,7 +199,7 @@ def test_a_worker_killed_mid_launch_is_taken_over_by_the_next_with_one_container
     assert balance_for(funded_alice) == balance_before - stopped.charged_gpu_seconds
 
 
-def test_a_launch_whose_message_died_with_its_worker_is_finished_by_the_reconciler(
+def test_it_finishes_a_launch_whose_message_died_with_its_worker_through_the_reconciler(
     funded_alice, host, e2e_cloud, e2e_images
 ):
     # The default hour-long visibility timeout: the killed worker's message is not redelivered within
@@ -227,7 +227,7 @@ def test_a_launch_whose_message_died_with_its_worker_is_finished_by_the_reconcil
 # --- The Docker engine goes away ------------------------------------------------------------------------
 
 
-def test_a_launch_fails_with_a_reason_and_no_charge_when_the_docker_engine_stops(
+def test_it_fails_a_launch_with_a_reason_and_no_charge_when_the_docker_engine_stops(
     funded_alice, e2e_dev_root, e2e_cloud, e2e_images
 ):
     engine = EngineProxy().start()
@@ -268,7 +268,7 @@ def test_a_launch_fails_with_a_reason_and_no_charge_when_the_docker_engine_stops
 # --- Redis ------------------------------------------------------------------------------------------------
 
 
-def test_pages_render_and_launch_says_unavailable_while_redis_is_down(
+def test_it_renders_pages_and_says_launching_is_unavailable_while_redis_is_down(
     client, funded_alice, host, e2e_portal, e2e_images
 ):
     client.force_login(funded_alice)
@@ -293,7 +293,7 @@ def test_pages_render_and_launch_says_unavailable_while_redis_is_down(
     assert "Nothing was charged" in status["failure_reason"]
 
 
-def test_a_launch_survives_redis_restarting_under_a_running_worker(
+def test_it_completes_a_launch_while_redis_restarts_under_the_worker(
     funded_alice, host, e2e_portal, e2e_images
 ):
     # Restarted without persistence: whatever Redis held (the unacknowledged provision message) is lost.
@@ -337,7 +337,7 @@ def test_a_launch_survives_redis_restarting_under_a_running_worker(
 # --- Duplicates -------------------------------------------------------------------------------------------
 
 
-def test_a_duplicate_provision_delivery_is_a_no_op(funded_alice, host, e2e_cloud, e2e_images):
+def test_it_ignores_a_duplicate_provision_delivery(funded_alice, host, e2e_cloud, e2e_images):
     with e2e_cloud.worker() as worker:
         instance = services.instance_launch(user=funded_alice, size="1x", image_key="cpu")
         # The same message again, while the first is (about to be) at work, and once more when it is ready.
@@ -356,7 +356,7 @@ def test_a_duplicate_provision_delivery_is_a_no_op(funded_alice, host, e2e_cloud
         ) == 1
 
 
-def test_a_redelivered_copy_running_alongside_the_original_makes_one_container(
+def test_it_makes_one_container_when_a_redelivered_copy_runs_alongside_the_original(
     funded_alice, host, e2e_cloud, e2e_images
 ):
     # What a visibility timeout expiring mid-launch does: a second worker gets the same launch (as a

@@ -21,7 +21,7 @@ def visible_render_nodes(instance) -> list[str]:
     return sorted(listing.split())
 
 
-def test_launched_containers_see_exactly_the_render_nodes_the_scheduler_gave_them(
+def test_it_gives_launched_containers_exactly_the_render_nodes_the_scheduler_allocated(
     alice, bob, e2e_portal, e2e_dev_root, e2e_images
 ):
     first = register_host("gpu-e2e-a", e2e_dev_root.path)
