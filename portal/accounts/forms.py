@@ -3,6 +3,8 @@
 from django import forms
 from django.contrib.auth.forms import AuthenticationForm
 
+from .login_names import normalise_login_name
+
 
 def _email_field(label="Email address", **attrs):
     return forms.EmailField(
@@ -47,9 +49,8 @@ class LoginForm(AuthenticationForm):
     }
 
     def clean_username(self):
-        # Addresses are stored lower-case; lower-casing here also makes axes count "Alice@x" and
-        # "alice@x" as one account, so case variants cannot dodge the per-account lockout.
-        return self.cleaned_data["username"].strip().lower()
+        # Addresses are stored lower-case; the lockout normalises the same way (AXES_USERNAME_CALLABLE).
+        return normalise_login_name(self.cleaned_data["username"])
 
 
 class PasswordResetRequestForm(forms.Form):

@@ -29,6 +29,7 @@ from .forms import (
     SignupForm,
     SshKeyForm,
 )
+from .login_names import normalise_login_name
 from .models import SshKey
 from .services import LinkError
 
@@ -68,14 +69,22 @@ def _user_key(group, request) -> str:
     return str(request.user.pk)
 
 
-def _rate_limit(setting_name: str, *, per_user: bool = False):
-    """Limit POSTs to the view per client IP (and per account) to the rate in `setting_name`.
+def _posted_address_key(field):
+    """A key on the address posted in `field`, spelt as the lookup matches it (any case, any spacing)."""
+    return lambda group, request: normalise_login_name(request.POST.get(field))
+
+
+def _rate_limit(setting_name: str, *, per_user: bool = False, per_address_field: str | None = None):
+    """Limit POSTs to the view per client IP (and per account, or per posted address) to the rate in
+    `setting_name`.
 
     The rate is read at request time, so tests and operators can change it. A refused request gets
     the 429 page; the counters live in the "ratelimit" database cache, which keeps working while
     Redis is down.
     """
     keys = [("ip", _ip_key)] + ([("user", _user_key)] if per_user else [])
+    if per_address_field:
+        keys.append(("address", _posted_address_key(per_address_field)))
 
     def decorator(view):
         @wraps(view)
@@ -232,7 +241,8 @@ def resend(request):
 # --- Password reset (Django's views, our templates, email through the Celery task) -------------
 
 
-@_rate_limit("EMAIL_SEND_RATE")
+# Per address as well as per network: requests from many networks cannot flood one person's inbox.
+@_rate_limit("EMAIL_SEND_RATE", per_address_field="email")
 def password_reset(request):
     form = PasswordResetRequestForm(_posted(request), initial={"email": request.GET.get("email", "")})
     if request.method == "POST" and form.is_valid():

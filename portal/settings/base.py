@@ -116,6 +116,9 @@ AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = env.float("LOGIN_COOLOFF_HOURS", default=0.25)
 AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
 AXES_USERNAME_FORM_FIELD = "username"
+# The lockout counts "Olivia@X " and "olivia@x" as one account on every login path (portal, /admin/, any
+# later API login), as the user lookup does; see portal/accounts/login_names.py.
+AXES_USERNAME_CALLABLE = "portal.accounts.login_names.axes_username"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
 # Number of reverse proxies in front of the portal; the real client IP is read from X-Forwarded-For
@@ -124,7 +127,8 @@ TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 # One definition of "the client's address" for lockouts and rate limits (ipware's proxy count is off by
 # one for a single proxy, and would trust a forged X-Forwarded-For entry).
 AXES_CLIENT_IP_CALLABLE = "portal.accounts.views.client_ip"
-# Sign-ups, resends and reset requests allowed per client IP (django-ratelimit syntax).
+# Sign-ups, resends and reset requests allowed per client IP (django-ratelimit syntax). Resends and
+# reset requests are also limited per account or target address, so many networks cannot flood one inbox.
 SIGNUP_RATE = env("SIGNUP_RATE", default="10/h")
 EMAIL_SEND_RATE = env("EMAIL_SEND_RATE", default="5/h")
 

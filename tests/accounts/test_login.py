@@ -129,3 +129,21 @@ def test_a_successful_login_clears_earlier_failures(client, alice):
 
     for _ in range(4):
         assert log_in(client, "alice@example.com", "wrong").status_code == 200
+
+
+def test_spacing_and_capitals_do_not_dodge_the_lockout_of_an_operator(client, olivia):
+    spellings = [
+        "olivia@ops.example.com",
+        " Olivia@ops.example.com",
+        "OLIVIA@OPS.EXAMPLE.COM ",
+        "olivia@Ops.Example.com",
+        "  oLiViA@ops.example.com  ",
+        "Olivia@Ops.Example.Com",
+    ]
+    for attempt, spelling in enumerate(spellings):
+        log_in(client, spelling, "wrong", ip=f"203.0.113.{attempt + 1}")
+
+    response = log_in(client, "Olivia@ops.example.com", ip="198.51.100.7")
+
+    assert_locked_out(response, "olivia@ops.example.com")
+    assert SESSION_KEY not in client.session

@@ -176,3 +176,25 @@ def test_behind_one_proxy_the_login_lockout_keys_on_the_same_address(client, ali
     )
     other = client.post("/accounts/login/", bob_login, HTTP_X_FORWARDED_FOR="198.51.100.2", **proxy)
     assert (locked.status_code, other.status_code) == (429, 302)
+
+
+@override_settings(EMAIL_SEND_RATE="2/d")
+def test_it_limits_reset_emails_to_one_address_sent_from_many_networks(
+    client, alice, bob, run_on_commit, mailoutbox
+):
+    spellings = ["alice@example.com", "Alice@Example.com", " ALICE@example.com ", "alice@EXAMPLE.com"]
+    for n, spelling in enumerate(spellings):
+        with run_on_commit():
+            client.post("/accounts/password/reset/", {"email": spelling}, REMOTE_ADDR=f"203.0.113.{n + 1}")
+
+    with run_on_commit():
+        response = client.post(
+            "/accounts/password/reset/", {"email": "alice@example.com"}, REMOTE_ADDR="198.51.100.9"
+        )
+
+    assert_rate_limited(response)
+    assert len(mailoutbox) == 2
+    # Someone else's reset, from one of those networks, still goes out.
+    with run_on_commit():
+        client.post("/accounts/password/reset/", {"email": "bob@example.com"}, REMOTE_ADDR="203.0.113.1")
+    assert [m.to for m in mailoutbox][-1] == ["bob@example.com"]
