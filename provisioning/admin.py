@@ -208,6 +208,16 @@ HOST_OPERATIONS = {
 }
 
 
+# Each operation has its own permission (console.OperatorAction), not provisioning.change_gpuhost, which
+# also edits the host's engine address and credentials.
+OPERATION_PERMISSIONS = {
+    "drain": "console.drain_host",
+    "evict": "console.evict_host",
+    "retire": "console.retire_host",
+    "activate": "console.activate_host",
+}
+
+
 def _live_on(host):
     return Instance.objects.filter(host=host, state__in=Instance.LIVE_STATES)
 
@@ -323,12 +333,13 @@ class GpuHostAdmin(admin.ModelAdmin):
                 host_operations=[
                     (operation, reverse("admin:provisioning_gpuhost_state", args=[host.pk, operation.key]))
                     for operation in HOST_OPERATIONS.values()
+                    if request.user.has_perm(OPERATION_PERMISSIONS[operation.key])
                 ],
                 image_jobs=[images.image_job_status(job) for job in jobs],
                 image_jobs_status_url=reverse("admin:provisioning_gpuhost_image_jobs_status")
                 + f"?host={host.pk}",
                 ensure_image_url=reverse("admin:provisioning_gpuhost_ensure_image", args=[host.pk]),
-                can_change_host=self.has_change_permission(request, host),
+                can_ensure_images=self.has_ensure_images_permission(request),
             )
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -358,29 +369,49 @@ class GpuHostAdmin(admin.ModelAdmin):
 
     def state_view(self, request, host_id, operation):
         """One host's state change from its page: the confirmation page, then the change."""
+        if operation not in HOST_OPERATIONS or not request.user.has_perm(OPERATION_PERMISSIONS[operation]):
+            raise PermissionDenied
         host = get_object_or_404(GpuHost, pk=host_id)
-        if not self.has_change_permission(request, host):
-            raise PermissionDenied
-        if operation not in HOST_OPERATIONS:
-            raise PermissionDenied
         response = self._change_state(request, [host], HOST_OPERATIONS[operation], from_action=False)
         return response or redirect("admin:provisioning_gpuhost_change", host.pk)
 
-    @admin.action(description="Drain (no new instances; running ones continue)", permissions=["change"])
+    # Admin action permissions: Django calls has_<name>_permission(request).
+    def has_drain_permission(self, request):
+        return request.user.has_perm(OPERATION_PERMISSIONS["drain"])
+
+    def has_evict_permission(self, request):
+        return request.user.has_perm(OPERATION_PERMISSIONS["evict"])
+
+    def has_retire_permission(self, request):
+        return request.user.has_perm(OPERATION_PERMISSIONS["retire"])
+
+    def has_activate_permission(self, request):
+        return request.user.has_perm(OPERATION_PERMISSIONS["activate"])
+
+    def has_discover_permission(self, request):
+        return request.user.has_perm("console.discover_gpus")
+
+    def has_check_engine_permission(self, request):
+        return request.user.has_perm("console.check_engine")
+
+    def has_ensure_images_permission(self, request):
+        return request.user.has_perm("console.ensure_images")
+
+    @admin.action(description="Drain (no new instances; running ones continue)", permissions=["drain"])
     def drain_hosts(self, request, queryset):
         return self._change_state(request, list(queryset), HOST_OPERATIONS["drain"])
 
     @admin.action(
-        description="Cordon and evict (stop their instances, tell the owners)", permissions=["change"]
+        description="Cordon and evict (stop their instances, tell the owners)", permissions=["evict"]
     )
     def evict_hosts(self, request, queryset):
         return self._change_state(request, list(queryset), HOST_OPERATIONS["evict"])
 
-    @admin.action(description="Retire (only hosts without live instances)", permissions=["change"])
+    @admin.action(description="Retire (only hosts without live instances)", permissions=["retire"])
     def retire_hosts(self, request, queryset):
         return self._change_state(request, list(queryset), HOST_OPERATIONS["retire"])
 
-    @admin.action(description="Mark active (accept new instances)", permissions=["change"])
+    @admin.action(description="Mark active (accept new instances)", permissions=["activate"])
     def activate_hosts(self, request, queryset):
         return self._change_state(request, list(queryset), HOST_OPERATIONS["activate"])
 
@@ -447,30 +478,47 @@ class GpuHostAdmin(admin.ModelAdmin):
 
     # --- Engine actions ----------------------------------------------------------------------------
 
-    @admin.action(description="Discover GPUs (read KFD sysfs)")
+    # Both write to the host (its GPU rows, last_seen_at, last_error), so both are audited, failures too.
+
+    @admin.action(description="Discover GPUs (read KFD sysfs)", permissions=["discover"])
     def discover_gpus(self, request, queryset):
         for host in queryset:
             try:
                 summary = services.host_discover(host_id=host.pk)
             except InventoryError as error:
+                audit_record(
+                    actor=request.user, action="host.discover", target=host, details={"error": str(error)}
+                )
                 self.message_user(request, f"{host.name}: {error}", messages.ERROR)
             else:
+                audit_record(
+                    actor=request.user, action="host.discover", target=host, details={"found": str(summary)}
+                )
                 level = messages.WARNING if summary.vanished_held else messages.SUCCESS
                 self.message_user(request, str(summary), level)
 
-    @admin.action(description="Check the Docker engine connection")
+    @admin.action(description="Check the Docker engine connection", permissions=["check_engine"])
     def check_engines(self, request, queryset):
         for host in queryset:
             try:
                 version = services.host_check(host_id=host.pk)
             except services.HostError as error:
+                audit_record(
+                    actor=request.user, action="host.check", target=host, details={"error": error.message}
+                )
                 self.message_user(request, f"{host.name}: {error.message}", messages.ERROR)
             else:
+                audit_record(
+                    actor=request.user,
+                    action="host.check",
+                    target=host,
+                    details={"docker_version": version.get("Version", "?")},
+                )
                 self.message_user(request, f"{host.name}: Docker {version.get('Version', '?')} answered.")
 
     # --- Images ------------------------------------------------------------------------------------
 
-    @admin.action(description="Pre-pull or build an image", permissions=["change"])
+    @admin.action(description="Pre-pull or build an image", permissions=["ensure_images"])
     def ensure_image_on_hosts(self, request, queryset):
         """A page to pick the image; its form posts back here, and the jobs' progress page follows."""
         hosts = list(queryset)
@@ -495,7 +543,7 @@ class GpuHostAdmin(admin.ModelAdmin):
     def ensure_image_view(self, request, host_id):
         """The buttons of the host page's image list: this image on this host, or on every host."""
         host = get_object_or_404(GpuHost, pk=host_id)
-        if request.method != "POST" or not self.has_change_permission(request, host):
+        if request.method != "POST" or not self.has_ensure_images_permission(request):
             raise PermissionDenied
         image = Image.objects.filter(key=request.POST.get("image", ""), is_enabled=True).first()
         if image is None:

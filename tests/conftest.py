@@ -1,4 +1,6 @@
-"""Shared personas: alice and bob are verified developers, charlie is unverified, olivia is an operator."""
+"""Shared personas: alice and bob are verified developers, charlie is unverified, olivia is the superuser who
+runs the console, otto is an operator (staff in the Operators group, nothing more), oscar is staff without
+any permission."""
 
 import pytest
 from django.utils import timezone
@@ -20,6 +22,19 @@ def make_user(email, *, verified=True, staff=False, **extra):
     return user
 
 
+def make_staff(email, *permissions):
+    """Staff holding exactly `permissions` ("app_label.codename"), for tests of who may do what."""
+    from django.contrib.auth.models import Permission
+
+    user = make_user(email)
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    for name in permissions:
+        app_label, codename = name.split(".", 1)
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return user
+
+
 @pytest.fixture
 def alice(db):
     return make_user("alice@example.com", first_name="Alice")
@@ -38,6 +53,39 @@ def charlie(db):
 @pytest.fixture
 def olivia(db):
     return make_user("olivia@ops.example.com", staff=True, first_name="Olivia", last_name="Operator")
+
+
+@pytest.fixture
+def otto(db):
+    """An operator as the console means it: staff, and exactly the "Operators" group."""
+    from django.contrib.auth.models import Group, Permission
+
+    from portal.console.operators import operators_group_seed
+
+    otto = make_user("otto@ops.example.com", first_name="Otto", last_name="Operator")
+    otto.is_staff = True
+    otto.save(update_fields=["is_staff"])
+    # get-or-create: a transactional test may have flushed the group the migration made.
+    otto.groups.set([operators_group_seed(Group, Permission)])
+    return otto
+
+
+@pytest.fixture
+def otto_client(otto):
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(otto)
+    return browser
+
+
+@pytest.fixture
+def oscar(db):
+    """Staff without any permission: may open the console, may do nothing in it."""
+    oscar = make_user("oscar@ops.example.com", first_name="Oscar")
+    oscar.is_staff = True
+    oscar.save(update_fields=["is_staff"])
+    return oscar
 
 
 @pytest.fixture

@@ -185,6 +185,37 @@ class UserAdmin(BaseUserAdmin):
     )
     inlines = [BonusApplicationInline, SshKeyInline]
 
+    # --- Only a superuser hands out power ---------------------------------------------------------
+    # accounts.change_user must not be a way to become superuser: these fields are read-only (the
+    # password hidden) for everyone else, and so is every account that has staff or superuser status.
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or request.user.is_superuser:
+            return fieldsets
+        # The password field is a link to the password form; nobody else gets that form either.
+        return [
+            (name, {**options, "fields": tuple(f for f in options["fields"] if f != "password")})
+            for name, options in fieldsets
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        readonly = super().get_readonly_fields(request, obj)
+        if request.user.is_superuser:
+            return readonly
+        return (*readonly, "is_staff", "is_superuser", "groups", "user_permissions")
+
+    def has_change_permission(self, request, obj=None):
+        # Changing a staff account's address and then asking for a reset link would take it over.
+        if obj is not None and (obj.is_staff or obj.is_superuser) and not request.user.is_superuser:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def user_change_password(self, request, id, form_url=""):
+        if not request.user.is_superuser:
+            raise PermissionDenied("Only a superuser sets another person's password.")
+        return super().user_change_password(request, id, form_url)
+
     def get_queryset(self, request):
         return super().get_queryset(request).prefetch_related("social_auth")
 
@@ -283,11 +314,11 @@ class UserAdmin(BaseUserAdmin):
             view(self.launch_sizes_view, "launch-sizes"),
         ] + super().get_urls()
 
-    def _target(self, request, user_id) -> User:
-        target = get_object_or_404(User, pk=user_id)
-        if not self.has_change_permission(request, target):
+    def _target(self, request, user_id, *, permission) -> User:
+        # Each action has its own permission (console.OperatorAction), not accounts.change_user.
+        if not request.user.has_perm(permission):
             raise PermissionDenied
-        return target
+        return get_object_or_404(User, pk=user_id)
 
     def _action_page(self, request, target, *, form, title, intro, submit):
         context = {
@@ -316,7 +347,7 @@ class UserAdmin(BaseUserAdmin):
 
     def suspend_view(self, request, user_id):
         """Suspend the user with a reason they read: instances stop, launches and applications are refused."""
-        target = self._target(request, user_id)
+        target = self._target(request, user_id, permission="console.suspend_user")
         form = ReasonForm(
             request.POST or None, reason_help="The user reads this in an email and on the launch page."
         )
@@ -343,7 +374,7 @@ class UserAdmin(BaseUserAdmin):
         return self._action_page(request, target, form=form, title="Suspend", intro=intro, submit="Suspend")
 
     def unsuspend_view(self, request, user_id):
-        target = self._target(request, user_id)
+        target = self._target(request, user_id, permission="console.unsuspend_user")
         form = ReasonForm(request.POST or None, reason_help="Kept in the audit log.")
         if request.method == "POST" and self._run(
             request,
@@ -368,7 +399,7 @@ class UserAdmin(BaseUserAdmin):
 
     def launch_sizes_view(self, request, user_id):
         """Open sizes to one user beyond their tier (e.g. 8x for a partner without a bonus application)."""
-        target = self._target(request, user_id)
+        target = self._target(request, user_id, permission="console.open_launch_sizes")
         form = LaunchSizesForm(
             request.POST or None,
             initial={"sizes": target.extra_sizes},

@@ -58,3 +58,29 @@ class CapacitySample(models.Model):
             f"{self.taken_at:%Y-%m-%d %H:%M} {self.gpus_allocated}/{self.gpus_total} GPUs, "
             f"{self.queue_length} queued"
         )
+
+
+class OperatorAction(models.Model):
+    """No table: the holder of one permission per operator action (Meta.permissions), so an operator can
+    be given "suspend users" without "change users", which would also let them edit permissions,
+    staff and superuser flags and passwords. The "Operators" group holds them (migration 0004,
+    portal.console.operators)."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("suspend_user", "Can suspend a user"),
+            ("unsuspend_user", "Can lift a user's suspension"),
+            ("open_launch_sizes", "Can open or close launch sizes for one user"),
+            ("adjust_credits", "Can grant or correct a user's credits"),
+            ("review_bonus", "Can approve or reject bonus applications and import certificate IDs"),
+            ("drain_host", "Can drain a GPU host"),
+            ("evict_host", "Can cordon a GPU host and evict its instances"),
+            ("retire_host", "Can retire a GPU host"),
+            ("activate_host", "Can put a GPU host back into service"),
+            ("discover_gpus", "Can run GPU discovery on a host"),
+            ("check_engine", "Can check a host's Docker engine"),
+            ("ensure_images", "Can pre-pull or build images on hosts"),
+            ("force_stop_instance", "Can force-stop an instance"),
+        ]

@@ -25,6 +25,8 @@ AUDIT_ACTIONS = {
     "host.evict": "Host cordoned and evicted (its instances stopped)",
     "host.retire": "Host retired",
     "host.activate": "Host put back into service",
+    "host.discover": "GPUs discovered on a host",
+    "host.check": "Host's Docker engine checked",
     "host.image": "Image pulled or built on a host",
     "instance.force_stop": "Instance force-stopped",
     "setting.change": "Setting changed",

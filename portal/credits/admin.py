@@ -134,7 +134,7 @@ class CreditAccountAdmin(admin.ModelAdmin):
 
     def adjust_view(self, request, user_id):
         """Grant (positive) or correct (negative) a user's credits, with a reason, via credits_adjust."""
-        if not request.user.has_perm("credits.change_creditaccount"):
+        if not request.user.has_perm("console.adjust_credits"):
             raise PermissionDenied
         target = get_object_or_404(User, pk=user_id)
         if request.method == "POST":
@@ -307,7 +307,8 @@ class BonusApplicationAdmin(admin.ModelAdmin):
         # A decision is final: decided applications are shown read-only.
         if obj is not None and obj.status != BonusApplication.Status.PENDING:
             return False
-        return super().has_change_permission(request, obj)
+        # Changing an application means deciding it, which is the operator's review permission.
+        return request.user.has_perm("console.review_bonus")
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         application = self.get_object(request, unquote(object_id))
@@ -518,7 +519,7 @@ class CertificateImportAdmin(admin.ModelAdmin):
     @staticmethod
     def may_import(request) -> bool:
         # An import approves applications, so it takes the permission that approving takes.
-        return request.user.has_perm("credits.change_bonusapplication")
+        return request.user.has_perm("console.review_bonus")
 
     def has_add_permission(self, request):
         return self.may_import(request)

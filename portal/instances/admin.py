@@ -207,7 +207,7 @@ class InstanceAdmin(admin.ModelAdmin):
         extra_context = extra_context or {}
         instance = self.get_object(request, object_id)
         live = instance is not None and instance.state not in (Instance.State.STOPPED, Instance.State.FAILED)
-        if live and self.has_change_permission(request, instance):
+        if live and self.has_force_stop_permission(request):
             extra_context["force_stop_url"] = reverse(
                 "admin:instances_instance_force_stop", args=[instance.pk]
             )
@@ -215,14 +215,18 @@ class InstanceAdmin(admin.ModelAdmin):
 
     def force_stop_view(self, request, instance_id):
         """Force-stop one instance from its page: the reason page, then the stop."""
-        instance = get_object_or_404(Instance, pk=instance_id)
-        if not self.has_change_permission(request, instance):
+        if not self.has_force_stop_permission(request):
             raise PermissionDenied
+        instance = get_object_or_404(Instance, pk=instance_id)
         response = self._force_stop(request, [instance], from_action=False)
         return response or redirect("admin:instances_instance_change", instance.pk)
 
+    def has_force_stop_permission(self, request):
+        # Its own permission (console.OperatorAction), so operators need no change permission here.
+        return request.user.has_perm("console.force_stop_instance")
+
     @admin.action(
-        description="Force stop the selected instances (asks for the reason)", permissions=["change"]
+        description="Force stop the selected instances (asks for the reason)", permissions=["force_stop"]
     )
     def force_stop(self, request, queryset):
         return self._force_stop(request, list(queryset.select_related("user", "image", "host")))

@@ -10,23 +10,12 @@ from django.test import Client
 from portal.instances.models import Image, Instance
 from provisioning.models import Gpu, GpuAllocation, GpuHost
 
-from ..conftest import make_user
-
 
 @pytest.fixture
 def olivia_client(olivia):
     client = Client()
     client.force_login(olivia)
     return client
-
-
-@pytest.fixture
-def oscar(db):
-    """Staff without any model permission: may open the dashboard, may not read the audit log."""
-    oscar = make_user("oscar@ops.example.com", first_name="Oscar")
-    oscar.is_staff = True
-    oscar.save(update_fields=["is_staff"])
-    return oscar
 
 
 @pytest.fixture
