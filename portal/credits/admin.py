@@ -36,7 +36,6 @@ from .models import (
     IssuedCertificate,
     LedgerEntry,
     SignupGrantProgram,
-    certificate_ids_in_evidence,
     hours,
 )
 
@@ -238,6 +237,28 @@ class LedgerEntryAdmin(admin.ModelAdmin):
         return False
 
 
+def same_id_table(applications) -> str:
+    """Applications (from selectors.applications_naming_same_id) as links with applicant, program and
+    status, for an operator judging whether a certificate ID is shared or guessed."""
+    if not applications:
+        return "None: no other application named this ID."
+    return format_html_join(
+        "<br>",
+        '<a href="{}">{}</a> \u2013 {}, {}{}, applied {}',
+        (
+            (
+                reverse("admin:credits_bonusapplication_change", args=[other.pk]),
+                other.user.email,
+                other.program.name,
+                other.get_status_display(),
+                f" ({other.get_approval_basis_display()})" if other.approval_basis else "",
+                other.created_at.strftime("%Y-%m-%d %H:%M"),
+            )
+            for other in applications
+        ),
+    )
+
+
 @admin.register(BonusApplication)
 class BonusApplicationAdmin(admin.ModelAdmin):
     """Pending applications open as a review page (approve or reject); decided ones are read-only."""
@@ -251,24 +272,31 @@ class BonusApplicationAdmin(admin.ModelAdmin):
         "granted",
         "decided_by_name",
     )
-    list_filter = ("status", "program")
-    search_fields = ("user__email", "evidence")
+    list_filter = ("status", "approval_basis", "program")
+    search_fields = ("user__email", "evidence", "certificate_id")
     list_select_related = ("user", "program")
     actions = ["approve_full", "reject_selected"]
     fields = (
         "user",
         "program",
         "evidence_link",
+        "certificate_id",
+        "same_id_table",
         "status",
         "created_at",
         "decided_at",
         "decided_by_name",
+        "approval_basis",
         "decision_reason",
         "requested",
         "granted",
         "approved_via",
     )
     readonly_fields = fields
+
+    @admin.display(description="Applications naming the same ID")
+    def same_id_table(self, application):
+        return same_id_table(selectors.applications_naming_same_id(application))
 
     @admin.display(description="Applicant", ordering="user__email")
     def applicant(self, application):
@@ -351,6 +379,14 @@ class BonusApplicationAdmin(admin.ModelAdmin):
 
         account = selectors.account_of(application.user)
         bonus_so_far = account.bonus_gpu_seconds if account else 0
+        listed = (
+            IssuedCertificate.objects.filter(
+                program=application.program_id, certificate_id=application.certificate_id
+            )
+            .exclude(certificate_id="")
+            .select_related("batch", "claimed_by__user")
+            .first()
+        )
         room = max(services.bonus_cap_gpu_seconds() - bonus_so_far, 0)
         context = {
             **self.admin_site.each_context(request),
@@ -367,14 +403,14 @@ class BonusApplicationAdmin(admin.ModelAdmin):
             "other_applications": BonusApplication.objects.filter(user=application.user)
             .exclude(pk=application.pk)
             .select_related("program"),
+            "same_id": same_id_table(selectors.applications_naming_same_id(application)),
             "user_url": reverse("admin:accounts_user_change", args=[application.user_id]),
-            # Pending although its ID is listed means another application used that ID first.
-            "listed_certificate": IssuedCertificate.objects.filter(
-                program=application.program_id,
-                certificate_id__in=certificate_ids_in_evidence(application.evidence),
-            )
-            .select_related("batch", "claimed_by__user")
-            .first(),
+            # Pending although its ID is listed means another application used that ID first, or the
+            # applicant is not the listed holder, or the list was not trusted without holders.
+            "listed_certificate": listed,
+            "is_holder": listed is not None
+            and listed.has_holder
+            and services.is_listed_holder(certificate=listed, user=application.user),
         }
         return TemplateResponse(request, "admin/credits/bonusapplication/review.html", context)
 
@@ -496,6 +532,7 @@ class CertificateImportAdmin(admin.ModelAdmin):
         "approved_count",
         "clamped_count",
         "left_pending_count",
+        "needs_review_count",
     )
     list_filter = ("program",)
     list_select_related = ("program",)
@@ -509,9 +546,12 @@ class CertificateImportAdmin(admin.ModelAdmin):
         "duplicate_rows",
         "new_ids",
         "already_listed",
+        "with_holders",
+        "trust_bare_ids",
         "approved_count",
         "clamped_count",
         "left_pending_count",
+        "needs_review_count",
         "approved_table",
     )
     readonly_fields = fields
@@ -570,10 +610,11 @@ class CertificateImportAdmin(admin.ModelAdmin):
                 try:
                     batch = services.certificates_import(
                         program=form.cleaned_data["program"],
-                        certificate_ids=certificate_list.ids,
+                        rows=certificate_list.rows,
                         actor=request.user,
                         filename=certificate_list.filename,
                         note=form.cleaned_data["note"],
+                        trust_bare_ids=form.cleaned_data["trust_bare_ids"],
                     )
                 except ValidationError as error:
                     form.add_error("file", error)
@@ -601,6 +642,24 @@ class CertificateImportAdmin(admin.ModelAdmin):
         )
         if header:
             messages.info(request, f"The first row, \u201c{header}\u201d, was read as a header and skipped.")
+        if batch.trust_bare_ids:
+            messages.warning(
+                request,
+                "You chose to approve on the ID alone: whoever names a listed ID gets the hours. These "
+                "approvals do not open the bonus launch sizes (8x MI300X).",
+            )
+        elif not batch.with_holders:
+            messages.warning(
+                request,
+                "This list has no holders (no email or GitHub column), so its IDs approve nothing by "
+                "themselves: applications naming them wait for your review.",
+            )
+        if batch.needs_review_count:
+            messages.warning(
+                request,
+                f"{batch.needs_review_count} pending application(s) name a listed ID but are not from its "
+                "holder (or the ID has no holder); they are left for you to review.",
+            )
         if batch.left_pending_count:
             messages.warning(
                 request,

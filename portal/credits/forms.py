@@ -11,7 +11,15 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 
-from .models import CERTIFICATE_ID_MAX_LENGTH, GPU_SECONDS_PER_HOUR, BonusProgram, SignupGrantProgram
+from .models import (
+    CERTIFICATE_ID_MAX_LENGTH,
+    GPU_SECONDS_PER_HOUR,
+    BonusProgram,
+    CertificateRow,
+    SignupGrantProgram,
+    certificate_id_in_evidence,
+    normalise_github_login,
+)
 
 EVIDENCE_MAX_LENGTH = 500
 # Generous ceiling for one operator entry; a typo of a few extra digits should be refused, not posted.
@@ -83,6 +91,12 @@ class BonusApplyForm(forms.Form):
     def __init__(self, *args, programs, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["program"].queryset = programs
+
+    def clean_evidence(self):
+        evidence = self.cleaned_data["evidence"]
+        # One application is one guess: evidence naming several IDs is refused, not tried ID by ID.
+        certificate_id_in_evidence(evidence)
+        return evidence
 
 
 class CreditAdjustForm(forms.Form):
@@ -226,14 +240,43 @@ _NOT_CSV_SIGNATURES = {
 }
 
 
+# Header names of the holder columns, compared lower-case with spaces and hyphens as underscores.
+EMAIL_COLUMNS = frozenset({"email", "e_mail", "email_address", "holder_email", "mail"})
+GITHUB_COLUMNS = frozenset(
+    {"github", "github_login", "github_username", "github_user", "github_handle", "holder_github"}
+)
+_GITHUB_LOGIN = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38})$")
+
+
 @dataclass(frozen=True)
 class CertificateList:
-    """What a certificate CSV held: the first cell of each data row (stripped, in file order, repeats
-    kept) and the header row's first cell when the file had one."""
+    """What a certificate CSV held: one CertificateRow per data row (stripped, in file order, repeats
+    kept), with the holder's email and GitHub login when the header names those columns, and the header
+    row's first cell when the file had one."""
 
     filename: str
-    ids: list[str]
+    rows: list[CertificateRow]
     header: str | None
+
+    @property
+    def ids(self) -> list[str]:
+        return [row.certificate_id for row in self.rows]
+
+    @property
+    def has_holders(self) -> bool:
+        return any(row.has_holder for row in self.rows)
+
+
+def _column_name(cell: str) -> str:
+    return re.sub(r"[\s\-]+", "_", cell.strip().lower())
+
+
+def _holder_columns(header_cells: list[str]) -> tuple[int | None, int | None]:
+    """Indexes of the email and GitHub columns a header row names (None when it names none)."""
+    names = [_column_name(cell) for cell in header_cells]
+    email = next((index for index, name in enumerate(names) if name in EMAIL_COLUMNS), None)
+    github = next((index for index, name in enumerate(names) if name in GITHUB_COLUMNS), None)
+    return email, github
 
 
 def _rows_named(rows: list[int]) -> str:
@@ -243,14 +286,16 @@ def _rows_named(rows: list[int]) -> str:
 
 
 def parse_certificate_csv(data: bytes, *, filename: str = "") -> CertificateList:
-    """Read a CSV of certificate IDs: one ID per row in the first column, any further columns (issue date,
-    name) ignored. Tolerates a UTF-8 byte-order mark, surrounding whitespace, blank lines, repeated IDs
-    and comma, semicolon or tab separators. The first row is a header, and skipped, when its first
-    cell has no digit: certificate IDs have digits, headers such as "certificate_id" do not.
+    """Read a CSV of certificate IDs: one ID per row in the first column. When the header row names an
+    email column ("email") or a GitHub column ("github", "github_login"), those cells are the holder of
+    the row's certificate; any other column (issue date, name) is ignored. Tolerates a UTF-8 byte-order
+    mark, surrounding whitespace, blank lines, repeated IDs and comma, semicolon or tab separators. The
+    first row is a header, and skipped, when its first cell has no digit: certificate IDs have digits,
+    headers such as "certificate_id" do not.
 
     Returns a CertificateList. Raises ValidationError saying what is wrong when the data is not UTF-8
-    CSV text, holds no ID, or has rows without an ID or with an ID that is too long; the caller
-    imports nothing then.
+    CSV text, holds no ID, or has rows without an ID, with an ID that is too long, or with a holder's
+    email or GitHub login that cannot be one; the caller imports nothing then.
     """
     for signature, what in _NOT_CSV_SIGNATURES.items():
         if data.startswith(signature):
@@ -269,7 +314,8 @@ def parse_certificate_csv(data: bytes, *, filename: str = "") -> CertificateList
         ) from None
     first_line = next((line for line in text.splitlines() if line.strip()), "")
     delimiter = next((candidate for candidate in (",", ";", "\t") if candidate in first_line), ",")
-    ids, header, without_id, too_long = [], None, [], []
+    rows, header, without_id, too_long, bad_email, bad_github = [], None, [], [], [], []
+    email_column = github_column = None
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         for row in reader:
@@ -278,19 +324,28 @@ def parse_certificate_csv(data: bytes, *, filename: str = "") -> CertificateList
                 continue
             value = cells[0]
             if (
-                not ids
+                not rows
                 and header is None
                 and not without_id
+                and not too_long
                 and value
                 and not any(c.isdigit() for c in value)
             ):
                 header = value
-            elif not value:
+                email_column, github_column = _holder_columns(cells)
+                continue
+            email = cells[email_column] if email_column is not None and email_column < len(cells) else ""
+            github = cells[github_column] if github_column is not None and github_column < len(cells) else ""
+            if not value:
                 without_id.append(reader.line_num)
             elif len(value) > CERTIFICATE_ID_MAX_LENGTH:
                 too_long.append(reader.line_num)
+            elif email and (email.count("@") != 1 or len(email) > 254 or email.startswith("@")):
+                bad_email.append(reader.line_num)
+            elif github and not _GITHUB_LOGIN.match(normalise_github_login(github)):
+                bad_github.append(reader.line_num)
             else:
-                ids.append(value)
+                rows.append(CertificateRow(value, email=email, github=github))
     except csv.Error as error:
         raise ValidationError(
             f"This file is not a CSV we can read (line {reader.line_num}: {error})."
@@ -302,11 +357,17 @@ def parse_certificate_csv(data: bytes, *, filename: str = "") -> CertificateList
         problems.append(
             f"an ID longer than {CERTIFICATE_ID_MAX_LENGTH} characters on line(s) {_rows_named(too_long)}"
         )
+    if bad_email:
+        problems.append(f"an email column value that is not an address on line(s) {_rows_named(bad_email)}")
+    if bad_github:
+        problems.append(
+            f"a GitHub column value that is not a GitHub login on line(s) {_rows_named(bad_github)}"
+        )
     if problems:
         raise ValidationError(
             f"Nothing was imported: {'; '.join(problems)}. Fix the file and upload it again."
         )
-    if not ids:
+    if not rows:
         only_header = (
             f" Its only row, \u201c{header}\u201d, was read as a header because it has no digit."
             if header
@@ -315,7 +376,7 @@ def parse_certificate_csv(data: bytes, *, filename: str = "") -> CertificateList
         raise ValidationError(
             f"The file has no certificate IDs. Put one ID per row in the first column.{only_header}"
         )
-    return CertificateList(filename=filename, ids=ids, header=header)
+    return CertificateList(filename=filename, rows=rows, header=header)
 
 
 class CertificateImportForm(forms.Form):
@@ -324,17 +385,25 @@ class CertificateImportForm(forms.Form):
     program = forms.ModelChoiceField(
         queryset=BonusProgram.objects.all(),
         empty_label=None,
-        help_text="Pending applications to this program that name a listed ID are approved at once, "
-        "and so are later applications that do.",
+        help_text="Pending applications to this program from the listed holder of the ID they name are "
+        "approved at once, and so are later ones.",
     )
     file = forms.FileField(
         label="CSV file",
-        help_text="One certificate ID per row in the first column; a header row and further columns "
-        "(issue date, name) are fine. At most 5 MB.",
+        help_text="One certificate ID per row in the first column. Name the holder in an \u201cemail\u201d "
+        "or \u201cgithub\u201d column (header row needed); further columns (issue date, name) are "
+        "ignored. At most 5 MB.",
         error_messages={
             "required": "Choose the CSV file to import.",
             "empty": "The file is empty: there are no certificate IDs in it.",
         },
+    )
+    trust_bare_ids = forms.BooleanField(
+        required=False,
+        label="Approve on the ID alone",
+        help_text="Only for a list without holders. Anyone who knows or guesses a listed ID then gets the "
+        "hours, so these approvals do not open the bonus launch sizes (8x MI300X). Unticked, applications "
+        "naming the IDs wait for your review.",
     )
     note = forms.CharField(
         required=False,

@@ -1,6 +1,9 @@
+import re
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
@@ -150,12 +153,28 @@ class BonusApplication(models.Model):
         APPROVED = "approved", "Approved"
         REJECTED = "rejected", "Rejected"
 
+    class ApprovalBasis(models.TextChoices):
+        """What an approval rests on. Only OPERATOR and HOLDER vouch for the person (VOUCHED_BASES)."""
+
+        OPERATOR = "operator", "An operator reviewed it"
+        HOLDER = "holder", "Certificate list: ID and holder's identity matched"
+        BARE_ID = "bare_id", "Certificate list: ID alone (operator trusted bare IDs)"
+
+    # Approvals that open the bonus launch tier (8x): anyone who learns or guesses a listed ID can get a
+    # BARE_ID approval, so it grants hours but vouches for nobody.
+    VOUCHED_BASES = (ApprovalBasis.OPERATOR, ApprovalBasis.HOLDER)
+
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bonus_applications"
     )
     program = models.ForeignKey(BonusProgram, on_delete=models.PROTECT, related_name="applications")
     evidence = models.CharField(max_length=500)
+    # The one certificate ID the evidence names, normalised (certificate_id_in_evidence); blank only for
+    # applications filed before the rule, whose evidence named none or several.
+    certificate_id = models.CharField("certificate ID", max_length=200, blank=True, default="", db_index=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING, db_index=True)
+    # Set with the approval, empty otherwise (see the constraint).
+    approval_basis = models.CharField(max_length=10, choices=ApprovalBasis.choices, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
@@ -183,7 +202,12 @@ class BonusApplication(models.Model):
                 fields=["user", "program"],
                 condition=Q(status__in=["pending", "approved"]),
                 name="credits_one_live_application",
-            )
+            ),
+            models.CheckConstraint(
+                condition=(Q(status="approved") & ~Q(approval_basis=""))
+                | (~Q(status="approved") & Q(approval_basis="")),
+                name="credits_approval_has_basis",
+            ),
         ]
 
     def __str__(self):
@@ -202,19 +226,32 @@ class BonusApplication(models.Model):
 
 # --- Certificate lists ------------------------------------------------------------------------------------
 #
-# A program (e.g. ROCm Star) can send the operators the IDs of the certificates it issued. Applications
-# whose evidence names a listed ID are approved without a human looking at them. The matching rule:
+# A program (e.g. ROCm Star) can send the operators the IDs of the certificates it issued, ideally with
+# each holder's email address or GitHub login. The matching rule:
 #
-# * An ID is compared in normal form: surrounding whitespace removed, case folded ("ROCM-Star-42 " and
-#   "rocm-star-42" are the same ID).
-# * Evidence matches when its normal form equals a listed ID, or, for an http(s) link, when the link's last
-#   path segment (percent-decoded) or the value of any query parameter does. So "ROCM-STAR-42",
-#   "https://certs.example.com/verify/ROCM-STAR-42" and "https://certs.example.com/v?id=rocm-star-42" all
-#   match the listed ID "rocm-star-42".
-# * A listed ID approves one application only (IssuedCertificate.claimed_by): a second account giving
-#   the same ID waits for an operator, because certificate IDs are personal and a shared one is suspect.
+# * An application names exactly one certificate ID (certificate_id_in_evidence), compared in normal
+#   form: surrounding whitespace removed, case folded ("ROCM-Star-42 " and "rocm-star-42" are the same).
+#   The evidence is the ID itself, or an http(s) link whose ID parameter (?id=, ?cert=, ...; see
+#   ID_PARAMETERS) or, without one, last path segment is the ID. Other query values are ignored, and a
+#   link with several ID values is refused: one application is one guess, however long the link.
+# * A listed ID with a holder approves an application only when the applicant is that holder: the
+#   applicant's verified email address, or the login of a GitHub account linked to theirs, equals the
+#   listed one (case aside). Such an approval vouches for the person (ApprovalBasis.HOLDER).
+# * A listed ID without a holder approves an application only when the operator who imported the list
+#   chose to trust bare IDs (CertificateImport.trust_bare_ids, allowed only for a list without holders).
+#   Whoever knows the ID gets the hours then, so the approval vouches for nobody (ApprovalBasis.BARE_ID)
+#   and does not open the bonus launch tier.
+# * A listed ID approves one application only (IssuedCertificate.claimed_by): another account giving
+#   the same ID waits for an operator, who sees every application that named it.
+# * Everything else waits for an operator.
 
 CERTIFICATE_ID_MAX_LENGTH = 200
+# Query parameters that carry the certificate ID in a verification link, compared case-insensitively.
+ID_PARAMETERS = frozenset(
+    {"id", "cert", "cert_id", "certid", "certificate", "certificate_id", "credential", "credential_id"}
+)
+# Separators of a list of IDs: an ID never contains them.
+_SEVERAL_IDS = re.compile(r"[\s,;|]")
 
 
 def normalise_certificate_id(value: str) -> str:
@@ -222,25 +259,102 @@ def normalise_certificate_id(value: str) -> str:
     return (value or "").strip().casefold()
 
 
-def certificate_ids_in_evidence(evidence: str) -> set[str]:
-    """The normalised IDs a piece of evidence could be naming, under the matching rule above.
+def normalise_holder_email(value: str) -> str:
+    """A listed holder's address in the form compared with an applicant's: stripped, lower-case. No
+    +tag or dot folding: only the exact mailbox the applicant proved they own counts."""
+    return (value or "").strip().lower()
 
-    Returns an empty set for blank evidence. Never raises on odd input: evidence is user text.
+
+def normalise_github_login(value: str) -> str:
+    """A GitHub login in compared form: without a leading "@" or profile URL, case-folded (GitHub logins
+    are case-insensitive)."""
+    value = (value or "").strip()
+    for prefix in ("https://github.com/", "http://github.com/", "github.com/", "@"):
+        if value.lower().startswith(prefix):
+            value = value[len(prefix) :]
+    return value.strip("/").casefold()
+
+
+def _is_link(evidence: str) -> bool:
+    return evidence.lower().startswith(("http://", "https://"))
+
+
+def certificate_id_in_evidence(evidence: str) -> str:
+    """The one normalised certificate ID the evidence names, under the matching rule above.
+
+    Raises ValidationError, with a message for the applicant, when the evidence is blank, names several
+    IDs (a list, or a link with several ID values), is a link that names none, or the ID is too long.
     """
     evidence = (evidence or "").strip()
-    found = {normalise_certificate_id(evidence)}
-    if evidence.lower().startswith(("http://", "https://")):
+    if not _is_link(evidence):
+        if _SEVERAL_IDS.search(evidence):
+            raise ValidationError(
+                "Enter one certificate ID (without spaces or commas), or the link to your certificate.",
+                code="several_ids",
+            )
+        found = normalise_certificate_id(evidence)
+    else:
         try:
             parts = urlsplit(evidence)
-        except ValueError:  # e.g. an unbalanced "[" in the host; the whole text is still a candidate
-            parts = None
-        if parts is not None:
+        except ValueError:  # e.g. an unbalanced "[" in the host
+            raise ValidationError("That link is not a valid web address.", code="invalid_url") from None
+        values = {
+            normalise_certificate_id(value)
+            for name, value in parse_qsl(parts.query, keep_blank_values=True)
+            if name.strip().lower().replace("-", "_") in ID_PARAMETERS
+        }
+        values.discard("")
+        if not values:
             segments = [segment for segment in parts.path.split("/") if segment]
-            if segments:
-                found.add(normalise_certificate_id(unquote(segments[-1])))
-            found.update(normalise_certificate_id(value) for _, value in parse_qsl(parts.query))
-    found.discard("")
-    return {candidate for candidate in found if len(candidate) <= CERTIFICATE_ID_MAX_LENGTH}
+            values = {normalise_certificate_id(unquote(segments[-1]))} if segments else set()
+            values.discard("")
+        if len(values) > 1 or any(_SEVERAL_IDS.search(value) for value in values):
+            raise ValidationError(
+                "This link names several certificate IDs. Give the link to your own certificate, or just "
+                "its ID.",
+                code="several_ids",
+            )
+        if not values:
+            raise ValidationError(
+                "This link does not show a certificate ID. Enter the ID printed on your certificate instead.",
+                code="no_id",
+            )
+        [found] = values
+    if not found:
+        raise ValidationError("Enter your certificate ID or the link to your certificate.", code="required")
+    if len(found) > CERTIFICATE_ID_MAX_LENGTH:
+        raise ValidationError(
+            f"A certificate ID has at most {CERTIFICATE_ID_MAX_LENGTH} characters.", code="too_long"
+        )
+    return found
+
+
+def certificate_id_or_blank(evidence: str) -> str:
+    """certificate_id_in_evidence, or "" for evidence it refuses (applications filed before the rule)."""
+    try:
+        return certificate_id_in_evidence(evidence)
+    except ValidationError:
+        return ""
+
+
+@dataclass(frozen=True)
+class CertificateRow:
+    """One row of a program's certificate list: the ID and, when the list has them, its holder."""
+
+    certificate_id: str
+    email: str = ""
+    github: str = ""
+
+    def normalised(self) -> "CertificateRow":
+        return CertificateRow(
+            normalise_certificate_id(self.certificate_id),
+            normalise_holder_email(self.email),
+            normalise_github_login(self.github),
+        )
+
+    @property
+    def has_holder(self) -> bool:
+        return bool(self.email or self.github)
 
 
 class CertificateImport(models.Model):
@@ -266,9 +380,22 @@ class CertificateImport(models.Model):
     clamped_count = models.PositiveIntegerField("cut by the cap", default=0)
     # Pending applications naming a listed ID that another application had already used.
     left_pending_count = models.PositiveIntegerField("left pending (ID already used)", default=0)
+    # Distinct IDs of the file that came with a holder (email or GitHub login).
+    with_holders = models.PositiveIntegerField("IDs with a holder", default=0)
+    # The operator's explicit choice, for a list without holders, to approve on the ID alone.
+    trust_bare_ids = models.BooleanField("approves on the ID alone", default=False)
+    # Pending applications naming a listed ID that this import left for an operator: the applicant is not
+    # the listed holder, or the ID has no holder and its list was not trusted.
+    needs_review_count = models.PositiveIntegerField("left pending (not the holder / ID alone)", default=0)
 
     class Meta:
         ordering = ["-imported_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(trust_bare_ids=False) | Q(with_holders=0),
+                name="credits_bare_trust_only_without_holders",
+            )
+        ]
 
     def __str__(self):
         return f"Import #{self.pk} of {self.filename or 'certificate IDs'} for {self.program}"
@@ -286,6 +413,9 @@ class IssuedCertificate(models.Model):
     program = models.ForeignKey(BonusProgram, on_delete=models.PROTECT, related_name="issued_certificates")
     # Normalised (normalise_certificate_id).
     certificate_id = models.CharField(max_length=CERTIFICATE_ID_MAX_LENGTH)
+    # Who the program issued it to, when the list says (normalise_holder_email, normalise_github_login).
+    holder_email = models.CharField(max_length=254, blank=True, default="")
+    holder_github = models.CharField("holder's GitHub login", max_length=100, blank=True, default="")
     # The import that first listed it; a later import of the same ID leaves it there.
     batch = models.ForeignKey(CertificateImport, on_delete=models.PROTECT, related_name="certificates")
     # The application this ID approved (or that an operator approved with it before the list arrived).
@@ -304,3 +434,13 @@ class IssuedCertificate(models.Model):
 
     def __str__(self):
         return self.certificate_id
+
+    @property
+    def has_holder(self) -> bool:
+        return bool(self.holder_email or self.holder_github)
+
+    @property
+    def holder(self) -> str:
+        """The listed holder for operators, e.g. "alice@example.com / GitHub alice-gh"; "" without one."""
+        parts = [self.holder_email] + ([f"GitHub {self.holder_github}"] if self.holder_github else [])
+        return " / ".join(part for part in parts if part)

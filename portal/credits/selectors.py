@@ -63,3 +63,17 @@ class SizeOffer:
 
 def size_offers(balance_gpu_seconds: int) -> list[SizeOffer]:
     return [SizeOffer(size, max(balance_gpu_seconds, 0) // size.gpus) for size in SIZES.values()]
+
+
+def applications_naming_same_id(application) -> list[BonusApplication]:
+    """Every other application, of any person and program, naming the certificate ID `application`
+    names, oldest first; [] when it names none. A certificate ID is personal: several names on one is
+    sharing or guessing."""
+    if not application.certificate_id:
+        return []
+    return list(
+        BonusApplication.objects.filter(certificate_id=application.certificate_id)
+        .exclude(pk=application.pk)
+        .select_related("user", "program")
+        .order_by("created_at", "pk")
+    )

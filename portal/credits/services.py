@@ -1,11 +1,11 @@
 """Operations that change credits. Every one runs in a transaction, under row locks, with an idempotency key."""
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from portal.accounts.models import email_fingerprint
@@ -18,14 +18,16 @@ from .models import (
     BonusApplication,
     BonusProgram,
     CertificateImport,
+    CertificateRow,
     CreditAccount,
     GrantedIdentity,
     IssuedCertificate,
     LedgerEntry,
     SignupGrantProgram,
-    certificate_ids_in_evidence,
+    certificate_id_in_evidence,
     hours,
-    normalise_certificate_id,
+    normalise_github_login,
+    normalise_holder_email,
 )
 
 
@@ -187,10 +189,14 @@ CERTIFICATE_LIST_DECIDER = "system (certificate list)"
 def bonus_apply(*, user, program: BonusProgram, evidence: str) -> BonusApplication:
     """File an application for bonus hours and return it.
 
-    The application is pending, or already approved when its evidence names a certificate ID the program
-    listed (see models.certificate_ids_in_evidence) that no other application used: then the program's
-    full hours are granted at once (within the per-person cap) and the applicant is emailed.
-    Raises ValidationError with a message the applicant can act on.
+    The application names one certificate ID (models.certificate_id_in_evidence). It is pending, or
+    already approved when the program listed that ID, no other application used it, and either the
+    applicant is its listed holder or the list has no holders and the operator trusted bare IDs (see the
+    matching rule in models.py): then the program's full hours are granted at once (within the
+    per-person cap) and the applicant is emailed.
+
+    Raises ValidationError with a message the applicant can act on, also when the person or the program
+    is over its application rate (BONUS_APPLICATIONS_PER_PERSON_PER_DAY, ..._PER_PROGRAM_PER_HOUR).
     """
     evidence = (evidence or "").strip()
     if not user.email_verified:
@@ -201,6 +207,7 @@ def bonus_apply(*, user, program: BonusProgram, evidence: str) -> BonusApplicati
         raise ValidationError(f"{program.name} is not taking applications right now.")
     if not evidence:
         raise ValidationError(f"Enter your {program.evidence_label.lower()}.")
+    certificate_id = certificate_id_in_evidence(evidence)
     account = account_for(user)
     if account.bonus_gpu_seconds >= bonus_cap_gpu_seconds():
         raise ValidationError(
@@ -208,19 +215,102 @@ def bonus_apply(*, user, program: BonusProgram, evidence: str) -> BonusApplicati
         )
     with transaction.atomic():
         _share_program(program)
+        # One person's applications take turns on their account row, so the person's count is exact.
+        # After the program, as in an import (program, then the accounts it approves): no deadlock.
+        CreditAccount.objects.select_for_update().get(pk=account.pk)
+        _check_application_rates(user=user, program=program)
         try:
             with transaction.atomic():
-                application = BonusApplication.objects.create(user=user, program=program, evidence=evidence)
+                application = BonusApplication.objects.create(
+                    user=user, program=program, evidence=evidence, certificate_id=certificate_id
+                )
         except IntegrityError:
             raise ValidationError(f"You already have an application for {program.name}.") from None
-        certificate = _listed_certificate(program=program, evidence=evidence)
-        if certificate is not None:
+        certificate = (
+            IssuedCertificate.objects.filter(
+                program=program, certificate_id=certificate_id, claimed_by__isnull=True
+            )
+            .select_related("batch")
+            .first()
+        )
+        basis = certificate and _list_basis(certificate=certificate, user=user)
+        if basis:
             approved = _approve_from_list(
-                application_id=application.pk, certificate=certificate, source=certificate.batch, actor=None
+                application_id=application.pk,
+                certificate=certificate,
+                source=certificate.batch,
+                actor=None,
+                basis=basis,
             )
             if approved is not None:
                 application = approved
         return application
+
+
+def _wait_text(delta: timedelta) -> str:
+    minutes = max(1, -(-int(delta.total_seconds()) // 60))
+    if minutes < 90:
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{-(-minutes // 60)} hours"
+
+
+def _check_application_rates(*, user, program) -> None:
+    """Refuse an application over the per-person or per-program rate; raises ValidationError saying when
+    to try again. Counted from the applications themselves, rejected ones included, so a guess that an
+    operator rejected still counts. The per-program count can be exceeded by the applications filed at
+    the very same moment (they share the program's lock); that is fine for a rate.
+    """
+    now = timezone.now()
+    per_person = settings.BONUS_APPLICATIONS_PER_PERSON_PER_DAY
+    day = BonusApplication.objects.filter(user=user, created_at__gt=now - timedelta(days=1))
+    filed = list(day.order_by("created_at").values_list("created_at", flat=True)[:per_person])
+    if len(filed) >= per_person:
+        wait = filed[0] + timedelta(days=1) - now
+        raise ValidationError(
+            f"You have filed {per_person} bonus applications in the last 24 hours, the most we take from one "
+            f"person. Try again in {_wait_text(wait)}; what you entered is kept below.",
+            code="rate_person",
+        )
+    per_program = settings.BONUS_APPLICATIONS_PER_PROGRAM_PER_HOUR
+    hour = BonusApplication.objects.filter(program=program, created_at__gt=now - timedelta(hours=1))
+    taken = list(hour.order_by("-created_at").values_list("created_at", flat=True)[:per_program])
+    if len(taken) >= per_program:
+        wait = taken[-1] + timedelta(hours=1) - now
+        raise ValidationError(
+            f"{program.name} is taking many applications right now. Try again in {_wait_text(wait)}; what "
+            "you entered is kept below.",
+            code="rate_program",
+        )
+
+
+def _github_logins(user) -> set[str]:
+    return {
+        normalise_github_login((social.extra_data or {}).get("login", ""))
+        for social in user.social_auth.all()
+        if social.provider == "github"
+    } - {""}
+
+
+def is_listed_holder(*, certificate: IssuedCertificate, user) -> bool:
+    """Whether `user` is the holder the list names for `certificate`: their verified address or a
+    linked GitHub login equals the listed one. False for a certificate listed without a holder."""
+    if certificate.holder_email and user.email_verified:
+        if normalise_holder_email(user.email) == certificate.holder_email:
+            return True
+    return bool(certificate.holder_github) and certificate.holder_github in _github_logins(user)
+
+
+def _list_basis(*, certificate: IssuedCertificate, user) -> str | None:
+    """What the list lets `certificate` approve for `user` on: HOLDER, BARE_ID, or None (an operator
+    decides). `certificate.batch` must be loaded: the trust in bare IDs is that of the import that
+    listed the ID."""
+    if certificate.has_holder:
+        if is_listed_holder(certificate=certificate, user=user):
+            return BonusApplication.ApprovalBasis.HOLDER
+        return None
+    if certificate.batch.trust_bare_ids:
+        return BonusApplication.ApprovalBasis.BARE_ID
+    return None
 
 
 def _share_program(program) -> None:
@@ -263,6 +353,7 @@ def _approve(
     reason: str = "",
     decided_by_name: str | None = None,
     approved_via: CertificateImport | None = None,
+    basis: str = BonusApplication.ApprovalBasis.OPERATOR,
 ) -> BonusApplication:
     if gpu_seconds is not None and gpu_seconds < 0:
         raise ValidationError("Hours to grant cannot be negative.")
@@ -292,6 +383,7 @@ def _approve(
         application.decided_by_name = decided_by_name or _actor_name(actor)
         application.decision_reason = reason
         application.approved_via = approved_via
+        application.approval_basis = basis
         application.save()
         if granted > 0:
             CreditAccount.objects.filter(pk=account.pk).update(
@@ -318,6 +410,7 @@ def _approve(
                 "granted_hours": hours(granted),
                 "clamped_by_cap": application.clamped,
                 "certificate_import": approved_via.pk if approved_via else None,
+                "basis": basis,
             },
         )
         notify_bonus_decided(application=application)
@@ -436,23 +529,17 @@ def _listed(program, certificate_ids) -> dict[str, IssuedCertificate]:
     return found
 
 
-def _listed_certificate(*, program, evidence: str) -> IssuedCertificate | None:
-    """A listed certificate the evidence names, preferring one no application has used yet; or None."""
-    candidates = certificate_ids_in_evidence(evidence)
-    if not candidates:
-        return None
-    return (
-        IssuedCertificate.objects.filter(program=program, certificate_id__in=candidates)
-        .select_related("batch")
-        .order_by(F("claimed_by").asc(nulls_first=True), "pk")
-        .first()
-    )
+_BASIS_REASON = {
+    BonusApplication.ApprovalBasis.HOLDER: "Certificate ID and holder listed in {label}",
+    BonusApplication.ApprovalBasis.BARE_ID: "Certificate ID listed in {label}, trusted without a holder",
+}
 
 
 def _approve_from_list(
-    *, application_id: int, certificate, source: CertificateImport, actor
+    *, application_id: int, certificate, source: CertificateImport, actor, basis: str
 ) -> BonusApplication | None:
-    """Approve a pending application for its program's full hours because `certificate` is listed.
+    """Approve a pending application for its program's full hours because `certificate` is listed and
+    `basis` (HOLDER or BARE_ID) says the list may approve it.
 
     Returns the approved application, or None when another application already used that certificate
     (this one then waits for an operator). Raises ValidationError when it was decided meanwhile.
@@ -468,38 +555,77 @@ def _approve_from_list(
         return _approve(
             application_id=application_id,
             actor=actor,
-            reason=f"Certificate ID listed in {source.label}",
+            reason=_BASIS_REASON[basis].format(label=source.label),
             decided_by_name=None if actor is not None else CERTIFICATE_LIST_DECIDER,
             approved_via=source,
+            basis=basis,
         )
 
 
+def _distinct_rows(rows) -> list[CertificateRow]:
+    """The file's rows normalised, blank IDs dropped, each ID once (first row wins). Raises
+    ValidationError when an ID repeats with another holder: one of the rows is wrong."""
+    distinct, conflicts = {}, []
+    for row in rows:
+        row = (row if isinstance(row, CertificateRow) else CertificateRow(row)).normalised()
+        if not row.certificate_id:
+            continue
+        first = distinct.setdefault(row.certificate_id, row)
+        if first != row:
+            conflicts.append(row.certificate_id)
+    if conflicts:
+        raise ValidationError(
+            f"{len(set(conflicts))} ID(s) are listed twice with different holders (e.g. {conflicts[0]}); "
+            "nothing was imported. Fix the file and upload it again."
+        )
+    return list(distinct.values())
+
+
 def certificates_import(
-    *, program: BonusProgram, certificate_ids, actor, filename: str = "", note: str = ""
+    *,
+    program: BonusProgram,
+    rows,
+    actor,
+    filename: str = "",
+    note: str = "",
+    trust_bare_ids: bool = False,
 ) -> CertificateImport:
-    """Add the certificate IDs a program issued to its list, and approve the applications that name them.
+    """Add the certificates a program issued to its list, and approve the pending applications that the
+    list proves (see the matching rule in models.py).
 
-    `certificate_ids` is the file's ID column, row by row (repeats and any case allowed; they are
-    normalised). IDs already listed stay with the import that listed them first, so importing the same
-    file again adds nothing and approves nothing twice. Then every pending application of the program
-    whose evidence names a listed ID is approved for the program's full hours (clamped by the per-person
-    cap as usual), decided by `actor`, audited and emailed. Applications that an operator approved by
-    hand first claim the IDs they name, and an ID approves one application only, so a pending
-    application naming an ID already used is left for an operator (`left_pending_count`).
+    `rows` is the file, row by row: a CertificateRow (ID and holder's email or GitHub login) or just the
+    ID as a string. Repeats and any case are allowed; they are normalised. `trust_bare_ids` is the
+    operator's explicit choice, for a list without holders, to approve on the ID alone. IDs already listed
+    stay with the import that listed them first (holder and trust included), so importing the same file
+    again adds nothing and approves nothing twice.
 
-    Returns the CertificateImport with its counts. Raises ValidationError when there is no ID or an ID
-    is longer than CERTIFICATE_ID_MAX_LENGTH; nothing is imported then.
+    Then every pending application of the program naming a listed, unused ID is approved for the program's
+    full hours (clamped by the per-person cap as usual) when its applicant is the listed holder, or the ID
+    has no holder and its import trusted bare IDs; decided by `actor`, audited and emailed. The others are
+    left for an operator (`needs_review_count`, or `left_pending_count` when the ID was already used).
+    Applications an operator approved by hand first claim the IDs they name (an ID with a holder only
+    for that holder), and an ID approves one application only.
+
+    Returns the CertificateImport with its counts. Raises ValidationError when there is no ID, an ID is
+    longer than CERTIFICATE_ID_MAX_LENGTH, an ID repeats with different holders, or bare IDs are to be
+    trusted in a list that has holders; nothing is imported then.
     """
-    ids = [normalise_certificate_id(value) for value in certificate_ids]
-    ids = [value for value in ids if value]
-    if not ids:
+    rows = [row if isinstance(row, CertificateRow) else CertificateRow(row) for row in rows]
+    if not any(row.certificate_id.strip() for row in rows):
         raise ValidationError("There are no certificate IDs to import.")
-    too_long = sum(len(value) > CERTIFICATE_ID_MAX_LENGTH for value in ids)
+    too_long = sum(len(row.certificate_id.strip()) > CERTIFICATE_ID_MAX_LENGTH for row in rows)
     if too_long:
         raise ValidationError(
             f"{too_long} ID(s) are longer than {CERTIFICATE_ID_MAX_LENGTH} characters; nothing was imported."
         )
-    distinct = list(dict.fromkeys(ids))
+    distinct = _distinct_rows(rows)
+    rows_read = sum(1 for row in rows if row.certificate_id.strip())
+    with_holders = sum(row.has_holder for row in distinct)
+    if trust_bare_ids and with_holders:
+        raise ValidationError(
+            "This list names holders, so it approves their holders only; approving on the ID alone is for "
+            "lists without holders. Untick it and import again."
+        )
     with transaction.atomic():
         # Excludes applications to this program until the import commits (see _share_program).
         program = BonusProgram.objects.select_for_update().get(pk=program.pk)
@@ -508,23 +634,33 @@ def certificates_import(
             filename=(filename or "")[:255],
             imported_by=actor,
             imported_by_name=_actor_name(actor),
-            rows_read=len(ids),
-            duplicate_rows=len(ids) - len(distinct),
+            rows_read=rows_read,
+            duplicate_rows=rows_read - len(distinct),
+            with_holders=with_holders,
+            trust_bare_ids=trust_bare_ids,
         )
         for chunk in _chunks(distinct, IMPORT_BATCH_SIZE):
             IssuedCertificate.objects.bulk_create(
                 # Ids rather than instances: a third of the time of a 100k-row import went to
                 # setting related objects on each row.
                 [
-                    IssuedCertificate(program_id=program.pk, certificate_id=value, batch_id=batch.pk)
-                    for value in chunk
+                    IssuedCertificate(
+                        program_id=program.pk,
+                        certificate_id=row.certificate_id,
+                        holder_email=row.email,
+                        holder_github=row.github,
+                        batch_id=batch.pk,
+                    )
+                    for row in chunk
                 ],
                 ignore_conflicts=True,
             )
         batch.new_ids = IssuedCertificate.objects.filter(batch=batch).count()
         batch.already_listed = len(distinct) - batch.new_ids
         _claim_for_approved(program)
-        _approve_pending(program=program, batch=batch, file_ids=set(distinct), actor=actor)
+        _approve_pending(
+            program=program, batch=batch, file_ids={row.certificate_id for row in distinct}, actor=actor
+        )
         batch.save(
             update_fields=[
                 "new_ids",
@@ -532,6 +668,7 @@ def certificates_import(
                 "approved_count",
                 "clamped_count",
                 "left_pending_count",
+                "needs_review_count",
             ]
         )
         audit_record(
@@ -547,75 +684,82 @@ def certificates_import(
                 "duplicate_rows": batch.duplicate_rows,
                 "new_ids": batch.new_ids,
                 "already_listed": batch.already_listed,
+                "with_holders": batch.with_holders,
+                "trust_bare_ids": batch.trust_bare_ids,
                 "approved": batch.approved_count,
                 "clamped": batch.clamped_count,
                 "left_pending": batch.left_pending_count,
+                "needs_review": batch.needs_review_count,
             },
         )
         return batch
 
 
-def _evidence_rows(program, status) -> list[tuple[int, str]]:
+def _applications(program, status, **filters):
+    """The program's applications in `status` that name a certificate ID, oldest first, with the
+    applicant and their GitHub links (for is_listed_holder)."""
     return list(
-        BonusApplication.objects.filter(program=program, status=status)
+        BonusApplication.objects.filter(program=program, status=status, **filters)
+        .exclude(certificate_id="")
+        .select_related("user")
+        .prefetch_related("user__social_auth")
         .order_by("created_at", "pk")
-        .values_list("pk", "evidence")
     )
 
 
 def _claim_for_approved(program) -> None:
     """Let applications approved by hand (before their ID was listed) claim the unused IDs they name,
-    so that the same ID cannot approve a second account automatically. Oldest application first."""
-    approved = [
-        (application_id, evidence)
-        for application_id, evidence in BonusApplication.objects.filter(
-            program=program, status=BonusApplication.Status.APPROVED, certificate__isnull=True
-        )
-        .order_by("decided_at", "pk")
-        .values_list("pk", "evidence")
-    ]
+    so that the same ID cannot approve a second account automatically. An ID with a holder is claimed
+    only by its holder's application: someone else's approval must not keep the holder waiting."""
+    approved = _applications(program, BonusApplication.Status.APPROVED, certificate__isnull=True)
+    approved.sort(key=lambda application: (application.decided_at, application.pk))
     if not approved:
         return
-    wanted = {application_id: certificate_ids_in_evidence(evidence) for application_id, evidence in approved}
-    listed = _listed(program, set().union(*wanted.values()))
+    listed = _listed(program, {application.certificate_id for application in approved})
     claims = []
-    for application_id, _ in approved:
-        for candidate in sorted(wanted[application_id]):
-            certificate = listed.get(candidate)
-            if certificate is not None and certificate.claimed_by_id is None:
-                certificate.claimed_by_id = application_id
-                claims.append(certificate)
-                break
+    for application in approved:
+        certificate = listed.get(application.certificate_id)
+        if certificate is None or certificate.claimed_by_id is not None:
+            continue
+        if certificate.has_holder and not is_listed_holder(certificate=certificate, user=application.user):
+            continue
+        certificate.claimed_by_id = application.pk
+        claims.append(certificate)
     IssuedCertificate.objects.bulk_update(claims, ["claimed_by"], batch_size=LOOKUP_BATCH_SIZE)
 
 
 def _approve_pending(*, program, batch: CertificateImport, file_ids: set[str], actor) -> None:
-    """Approve the program's pending applications that name a listed, unused ID; count on `batch`."""
-    pending = _evidence_rows(program, BonusApplication.Status.PENDING)
+    """Approve the program's pending applications that the list proves; count on `batch`."""
+    pending = _applications(program, BonusApplication.Status.PENDING)
     if not pending:
         return
-    wanted = {application_id: certificate_ids_in_evidence(evidence) for application_id, evidence in pending}
-    listed = _listed(program, set().union(*wanted.values()))
-    for application_id, _ in pending:
-        matches = [listed[candidate] for candidate in sorted(wanted[application_id]) if candidate in listed]
-        if not matches:
+    listed = _listed(program, {application.certificate_id for application in pending})
+    for application in pending:
+        certificate = listed.get(application.certificate_id)
+        if certificate is None:
             continue
-        unused = [certificate for certificate in matches if certificate.claimed_by_id is None]
-        if not unused:
+        if certificate.claimed_by_id is not None:
             batch.left_pending_count += 1
             continue
-        certificate = unused[0]
+        basis = _list_basis(certificate=certificate, user=application.user)
+        if basis is None:
+            batch.needs_review_count += 1
+            continue
         source = batch if certificate.certificate_id in file_ids else certificate.batch
         try:
             approved = _approve_from_list(
-                application_id=application_id, certificate=certificate, source=source, actor=actor
+                application_id=application.pk,
+                certificate=certificate,
+                source=source,
+                actor=actor,
+                basis=basis,
             )
         except ValidationError:
             continue  # an operator decided it while the import ran
         if approved is None:
             batch.left_pending_count += 1
             continue
-        certificate.claimed_by_id = application_id
+        certificate.claimed_by_id = application.pk
         batch.approved_count += 1
         batch.clamped_count += approved.clamped
 

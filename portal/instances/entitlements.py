@@ -1,8 +1,10 @@
 """Who may launch what: the operators' LaunchPolicy applied to one person, with reasons they can act on.
 
-A person's tier is derived, never stored: "free" until an operator approves one of their bonus
-applications, "bonus" after. Each tier opens the sizes the policy lists for it, and an operator can
-open more sizes to one person (User.extra_sizes). A suspended account launches nothing.
+A person's tier is derived, never stored: "free" until one of their bonus applications is approved by an
+operator or by a certificate list that names them as the holder, "bonus" after. A certificate list
+trusted on bare IDs grants hours but not the tier: whoever knows or guesses a listed ID gets those.
+Each tier opens the sizes the policy lists for it, and an operator can open more sizes to one person
+(User.extra_sizes). A suspended account launches nothing.
 
 instance_launch enforces these rules and the launch page shows the same refusals before anyone
 clicks; both call the functions here, so the page and the service never disagree.
@@ -24,7 +26,7 @@ TIER_FREE = "free"
 TIER_BONUS = "bonus"
 TIER_LABELS = {
     TIER_FREE: "Free (no approved bonus application)",
-    TIER_BONUS: "Bonus (an approved bonus application)",
+    TIER_BONUS: "Bonus (a bonus application approved by an operator or on the holder's identity)",
 }
 
 # The fields an operator may change, in the order the audit log lists them.
@@ -53,8 +55,13 @@ class Refusal:
 
 
 def tier_of(user) -> str:
-    """TIER_BONUS when an operator approved at least one of the user's bonus applications, else TIER_FREE."""
-    approved = BonusApplication.objects.filter(user_id=user.pk, status=BonusApplication.Status.APPROVED)
+    """TIER_BONUS when one of the user's bonus applications was approved by an operator or on the listed
+    holder's identity (BonusApplication.VOUCHED_BASES), else TIER_FREE."""
+    approved = BonusApplication.objects.filter(
+        user_id=user.pk,
+        status=BonusApplication.Status.APPROVED,
+        approval_basis__in=BonusApplication.VOUCHED_BASES,
+    )
     return TIER_BONUS if approved.exists() else TIER_FREE
 
 
@@ -95,6 +102,20 @@ def size_refusal(user, size: Size, policy: LaunchPolicy) -> Refusal | None:
             f"{opens}; yours for {pending.program.name} is waiting for review.",
             bonus_page,
             "See your applications",
+        )
+    bare = (
+        BonusApplication.objects.filter(
+            user_id=user.pk,
+            status=BonusApplication.Status.APPROVED,
+            approval_basis=BonusApplication.ApprovalBasis.BARE_ID,
+        )
+        .select_related("program")
+        .first()
+    )
+    if bare is not None:
+        return Refusal(
+            f"{opens}; yours for {bare.program.name} was approved from the certificate list alone, which "
+            f"adds bonus hours but does not open {size.name}. Contact support to have it reviewed."
         )
     programs = list(BonusProgram.objects.filter(is_active=True).values_list("name", flat=True))
     if not programs:

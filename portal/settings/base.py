@@ -193,6 +193,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_retries": 1,
 # --- Credits (see design.md, "Credits") -------------------------------------------------------
 # Cap on bonus GPU-hours one person can collect across every bonus program.
 BONUS_CAP_GPU_HOURS = env.int("BONUS_CAP_GPU_HOURS", default=50)
+# Bonus applications one person may file in 24 hours (all programs), and one program takes per hour
+# from everyone: each application is one guess at a certificate ID, so guessing stays slow however
+# many accounts someone opens. Counted from the applications, rejected ones included.
+BONUS_APPLICATIONS_PER_PERSON_PER_DAY = env.int("BONUS_APPLICATIONS_PER_PERSON_PER_DAY", default=5)
+BONUS_APPLICATIONS_PER_PROGRAM_PER_HOUR = env.int("BONUS_APPLICATIONS_PER_PROGRAM_PER_HOUR", default=200)
 # Seeded early-registrant grant: hours, how many accounts get it, and when it closes (ISO date, empty = open).
 SIGNUP_GRANT_GPU_HOURS = env.int("SIGNUP_GRANT_GPU_HOURS", default=25)
 SIGNUP_GRANT_MAX_ACCOUNTS = env.int("SIGNUP_GRANT_MAX_ACCOUNTS", default=10000)

@@ -9,7 +9,7 @@ from django.db import transaction
 
 from portal.console.models import AuditEntry
 from portal.credits import services
-from portal.credits.models import BonusProgram, CertificateImport, SignupGrantProgram
+from portal.credits.models import BonusProgram, CertificateImport, CertificateRow, SignupGrantProgram
 
 HOUR = 3600
 OLIVIA = "Olivia Operator <olivia@ops.example.com>"
@@ -97,7 +97,9 @@ def test_it_audits_an_import_and_each_approval_it_made(olivia, olivia_client, ro
         "/admin/credits/certificateimport/add/",
         {
             "program": rocm_star.pk,
-            "file": SimpleUploadedFile("may.csv", b"ROCM-STAR-0042\nROCM-STAR-0043\n"),
+            "file": SimpleUploadedFile(
+                "may.csv", b"id,email\nROCM-STAR-0042,alice@example.com\nROCM-STAR-0043,bob@example.com\n"
+            ),
             "note": "List sent by the ROCm Star team on 3 May",
         },
     )
@@ -113,17 +115,21 @@ def test_it_audits_an_import_and_each_approval_it_made(olivia, olivia_client, ro
     )
     approved = only_entry("bonus.approve")
     assert (approved.actor_name, approved.target_id) == (OLIVIA, str(application.pk))
-    assert approved.reason == f"Certificate ID listed in import #{batch.pk} (may.csv) by Olivia Operator"
+    assert (
+        approved.reason == f"Certificate ID and holder listed in import #{batch.pk} (may.csv) by Olivia Operator"
+    )
 
 
 def test_it_audits_an_approval_at_application_time_as_the_system(alice, olivia, rocm_star):
-    batch = services.certificates_import(program=rocm_star, certificate_ids=["ROCM-STAR-0042"], actor=olivia)
+    batch = services.certificates_import(
+        program=rocm_star, rows=[CertificateRow("ROCM-STAR-0042", email=alice.email)], actor=olivia
+    )
 
     services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-0042")
 
     entry = only_entry("bonus.approve")
     assert (entry.actor, entry.actor_name) == (None, "system")
-    assert entry.reason == f"Certificate ID listed in import #{batch.pk} by Olivia Operator"
+    assert entry.reason == f"Certificate ID and holder listed in import #{batch.pk} by Olivia Operator"
 
 
 def test_it_audits_a_new_program_and_a_change_with_what_changed_and_why(olivia, olivia_client):

@@ -3,19 +3,22 @@
 import threading
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection, transaction
 from pytest_django.asserts import assertContains
+from social_django.models import UserSocialAuth
 
 from portal.credits import services
 from portal.credits.models import (
     BonusApplication,
     BonusProgram,
     CertificateImport,
+    CertificateRow,
     CreditAccount,
     IssuedCertificate,
     LedgerEntry,
-    certificate_ids_in_evidence,
+    certificate_id_in_evidence,
 )
 
 from ..conftest import make_user
@@ -23,16 +26,22 @@ from ..conftest import make_user
 HOUR = 3600
 IMPORT_URL = "/admin/credits/certificateimport/add/"
 
-# What a program might send: a byte-order mark, a header, a second column, stray spaces, a blank line,
-# an ID in another case, and an ID twice.
+# What a program might send: a byte-order mark, a header, a column that is ignored, the holders' email
+# addresses in another case, stray spaces, a blank line, an ID in another case, and an ID twice.
 ROCM_LIST = (
-    "\ufeffcertificate_id,issued_on\r\n"
-    "ROCM-STAR-0042,2025-01-10\r\n"
-    "  rocm-star-0043 , 2025-01-11\r\n"
+    "\ufeffcertificate_id,issued_on,Email\r\n"
+    "ROCM-STAR-0042,2025-01-10,Alice@Example.com\r\n"
+    "  rocm-star-0043 , 2025-01-11, bob@example.com\r\n"
     "\r\n"
-    "ROCM-STAR-0044,2025-01-12\r\n"
-    "ROCM-STAR-0042,2025-01-10\r\n"
+    "ROCM-STAR-0044,2025-01-12,erin@example.com\r\n"
+    "ROCM-STAR-0042,2025-01-10,alice@example.com\r\n"
 ).encode()
+# The same IDs without holders.
+BARE_LIST = b"certificate_id\nROCM-STAR-0042\nROCM-STAR-0043\nROCM-STAR-0044\n"
+
+
+def alices_certificate(certificate_id="ROCM-STAR-0042"):
+    return [CertificateRow(certificate_id, email="alice@example.com")]
 
 
 @pytest.fixture
@@ -45,16 +54,11 @@ def hackathon(db):
     return BonusProgram.objects.create(name="MI300X hackathon", slug="hackathon", max_gpu_seconds=30 * HOUR)
 
 
-def upload(client, program, content: bytes, name="rocm-star.csv", note=""):
-    return client.post(
-        IMPORT_URL,
-        {
-            "program": program.pk,
-            "file": SimpleUploadedFile(name, content, content_type="text/csv"),
-            "note": note,
-        },
-        follow=True,
-    )
+def upload(client, program, content: bytes, name="rocm-star.csv", note="", trust_bare_ids=False):
+    data = {"program": program.pk, "file": SimpleUploadedFile(name, content, content_type="text/csv"), "note": note}
+    if trust_bare_ids:
+        data["trust_bare_ids"] = "on"
+    return client.post(IMPORT_URL, data, follow=True)
 
 
 def shown_messages(response):
@@ -102,8 +106,9 @@ def test_it_imports_the_list_and_approves_the_pending_applications_that_name_a_l
         assert (application.decided_by, application.approved_via) == (olivia, batch)
         assert (
             application.decision_reason
-            == f"Certificate ID listed in import #{batch.pk} (rocm-star.csv) by Olivia Operator"
+            == f"Certificate ID and holder listed in import #{batch.pk} (rocm-star.csv) by Olivia Operator"
         )
+        assert application.approval_basis == "holder"
         assert CreditAccount.objects.get(user=person).balance_gpu_seconds == 50 * HOUR
         [message] = mails_to(mailoutbox, person)
         assert "application was approved: 50.00 GPU-hours added" in message.subject
@@ -120,7 +125,7 @@ def test_it_approves_a_later_applicant_with_a_listed_id_at_once_and_emails_them(
     alice, olivia, rocm_star, mailoutbox, django_capture_on_commit_callbacks
 ):
     batch = services.certificates_import(
-        program=rocm_star, certificate_ids=["ROCM-STAR-0042"], actor=olivia, filename="may.csv"
+        program=rocm_star, rows=alices_certificate(), actor=olivia, filename="may.csv"
     )
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -132,7 +137,7 @@ def test_it_approves_a_later_applicant_with_a_listed_id_at_once_and_emails_them(
     assert (application.decided_by, application.decided_by_name) == (None, "system (certificate list)")
     assert (
         application.decision_reason
-        == f"Certificate ID listed in import #{batch.pk} (may.csv) by Olivia Operator"
+        == f"Certificate ID and holder listed in import #{batch.pk} (may.csv) by Olivia Operator"
     )
     assert application.approved_via == batch
     assert CreditAccount.objects.get(user=alice).balance_gpu_seconds == 50 * HOUR
@@ -143,7 +148,7 @@ def test_it_approves_a_later_applicant_with_a_listed_id_at_once_and_emails_them(
 def test_it_leaves_an_applicant_whose_id_is_not_listed_pending(
     alice, olivia, rocm_star, mailoutbox, django_capture_on_commit_callbacks
 ):
-    services.certificates_import(program=rocm_star, certificate_ids=["ROCM-STAR-0042"], actor=olivia)
+    services.certificates_import(program=rocm_star, rows=alices_certificate(), actor=olivia)
 
     with django_capture_on_commit_callbacks(execute=True):
         application = services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-00420")
@@ -154,7 +159,7 @@ def test_it_leaves_an_applicant_whose_id_is_not_listed_pending(
 
 
 def test_it_matches_ids_only_within_the_program_that_listed_them(alice, olivia, rocm_star, hackathon):
-    services.certificates_import(program=hackathon, certificate_ids=["ROCM-STAR-0042"], actor=olivia)
+    services.certificates_import(program=hackathon, rows=alices_certificate(), actor=olivia)
 
     application = services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-0042")
 
@@ -206,7 +211,7 @@ def test_it_applies_the_bonus_cap_to_automatic_approvals(alice, olivia, olivia_c
 def test_it_applies_the_bonus_cap_to_an_applicant_approved_at_once(alice, olivia, rocm_star, hackathon):
     earlier = services.bonus_apply(user=alice, program=hackathon, evidence="HACK-1")
     services.bonus_approve(application_id=earlier.pk, actor=olivia)
-    services.certificates_import(program=rocm_star, certificate_ids=["ROCM-STAR-0042"], actor=olivia)
+    services.certificates_import(program=rocm_star, rows=alices_certificate(), actor=olivia)
 
     application = services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-0042")
 
@@ -224,7 +229,7 @@ def test_it_approves_only_one_application_per_listed_id(alice, bob, dave, olivia
         user=bob, program=rocm_star, evidence="https://certs.example.com/ROCM-STAR-0042"
     )
 
-    response = upload(olivia_client, rocm_star, ROCM_LIST)
+    response = upload(olivia_client, rocm_star, BARE_LIST, trust_bare_ids=True)
     daves = services.bonus_apply(user=dave, program=rocm_star, evidence="rocm-star-0042")
 
     assert (
@@ -248,7 +253,7 @@ def test_it_does_not_reuse_an_id_an_operator_approved_by_hand_before_the_list_ar
     alices = services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-0042")
     services.bonus_approve(application_id=alices.pk, actor=olivia)
 
-    services.certificates_import(program=rocm_star, certificate_ids=["ROCM-STAR-0042"], actor=olivia)
+    services.certificates_import(program=rocm_star, rows=["ROCM-STAR-0042"], actor=olivia, trust_bare_ids=True)
     bobs = services.bonus_apply(user=bob, program=rocm_star, evidence="ROCM-STAR-0042")
 
     assert bobs.status == "pending"
@@ -259,7 +264,7 @@ def test_it_leaves_an_application_an_operator_rejected_alone(alice, olivia, rocm
     application = services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-0042")
     services.bonus_reject(application_id=application.pk, actor=olivia, reason="Certificate not found")
 
-    batch = services.certificates_import(program=rocm_star, certificate_ids=["ROCM-STAR-0042"], actor=olivia)
+    batch = services.certificates_import(program=rocm_star, rows=alices_certificate(), actor=olivia)
 
     application.refresh_from_db()
     assert (application.status, batch.approved_count) == ("rejected", 0)
@@ -324,25 +329,36 @@ def test_it_reads_semicolon_and_tab_separated_files_and_files_without_a_header(
 
 
 @pytest.mark.parametrize(
-    "evidence, names",
+    "evidence, certificate_id",
     [
-        ("  ROCM-Star-0042 ", {"rocm-star-0042"}),
-        ("https://certs.example.com/verify/ROCM-STAR-0042", {"rocm-star-0042"}),
-        ("https://certs.example.com/verify/ROCM-STAR-0042/", {"rocm-star-0042"}),
-        ("https://certs.example.com/verify?id=ROCM-STAR-0042&lang=en", {"rocm-star-0042", "en", "verify"}),
-        ("https://certs.example.com/c/ROCM%20STAR%2042", {"rocm star 42"}),
+        ("  ROCM-Star-0042 ", "rocm-star-0042"),
+        ("https://certs.example.com/verify/ROCM-STAR-0042", "rocm-star-0042"),
+        ("https://certs.example.com/verify/ROCM-STAR-0042/", "rocm-star-0042"),
+        ("https://certs.example.com/verify?id=ROCM-STAR-0042&lang=en", "rocm-star-0042"),
+        ("https://certs.example.com/verify?Certificate-ID=ROCM-STAR-0042&id=rocm-star-0042", "rocm-star-0042"),
+        ("https://certs.example.com/c/ROCM%2DSTAR%2D42?utm_source=mail", "rocm-star-42"),
     ],
 )
-def test_it_finds_the_certificate_id_in_the_evidence(evidence, names):
-    found = certificate_ids_in_evidence(evidence)
-
-    assert names <= found
-    assert "" not in found
+def test_it_finds_the_one_certificate_id_in_the_evidence(evidence, certificate_id):
+    assert certificate_id_in_evidence(evidence) == certificate_id
 
 
-def test_it_does_not_read_ids_out_of_text_that_is_not_a_link():
-    assert certificate_ids_in_evidence("my id is ROCM-STAR-0042") == {"my id is rocm-star-0042"}
-    assert certificate_ids_in_evidence("   ") == set()
+@pytest.mark.parametrize(
+    "evidence, error",
+    [
+        ("my id is ROCM-STAR-0042", "Enter one certificate ID"),
+        ("ROCM-STAR-0042;ROCM-STAR-0043", "Enter one certificate ID"),
+        ("https://certs.example.com/v?id=ROCM-STAR-1&cert=ROCM-STAR-2", "This link names several certificate IDs"),
+        ("https://certs.example.com/c/ROCM%20STAR%2042", "This link names several certificate IDs"),
+        ("https://certs.example.com/?lang=en", "This link does not show a certificate ID"),
+        ("   ", "Enter your certificate ID"),
+    ],
+)
+def test_it_refuses_evidence_that_does_not_name_exactly_one_id(evidence, error):
+    with pytest.raises(ValidationError) as refused:
+        certificate_id_in_evidence(evidence)
+
+    assert error in refused.value.messages[0]
 
 
 def test_it_keeps_non_staff_and_staff_without_the_permission_away_from_the_import(
@@ -379,7 +395,7 @@ def test_it_imports_20k_ids_in_a_bounded_number_of_queries(
 
     # Four INSERTs of 5,000 rows, a count, the lookups and the one approval: not one query per row.
     with django_assert_max_num_queries(40):
-        batch = services.certificates_import(program=rocm_star, certificate_ids=ids, actor=olivia)
+        batch = services.certificates_import(program=rocm_star, rows=ids, actor=olivia, trust_bare_ids=True)
 
     assert (batch.new_ids, batch.approved_count) == (20_000, 1)
     assert IssuedCertificate.objects.filter(program=rocm_star).count() == 20_000
@@ -387,6 +403,9 @@ def test_it_imports_20k_ids_in_a_bounded_number_of_queries(
 
 
 # --- Imports and applications racing (real PostgreSQL transactions on separate connections) ---------------
+
+
+ERINS_CERTIFICATE = [CertificateRow("ROCM-STAR-7", email="erin@example.com")]
 
 
 def _in_thread(work, results, name):
@@ -412,7 +431,7 @@ def test_it_approves_an_applicant_who_applies_while_an_import_is_running():
 
     def import_and_hold():
         with transaction.atomic():
-            services.certificates_import(program=program, certificate_ids=["ROCM-STAR-7"], actor=operator)
+            services.certificates_import(program=program, rows=ERINS_CERTIFICATE, actor=operator)
             imported.set()
             release.wait(10)  # the import has run but not committed yet
 
@@ -450,7 +469,7 @@ def test_it_approves_an_application_filed_while_the_import_starts():
 
     def import_during_apply():
         applied.wait(10)
-        return services.certificates_import(program=program, certificate_ids=["ROCM-STAR-7"], actor=operator)
+        return services.certificates_import(program=program, rows=ERINS_CERTIFICATE, actor=operator)
 
     applying = _in_thread(apply_and_hold, results, "apply")
     importer = _in_thread(import_during_apply, results, "import")
@@ -465,3 +484,76 @@ def test_it_approves_an_application_filed_while_the_import_starts():
     assert results["import"].approved_count == 1, results
     application = BonusApplication.objects.get(user=applicant)
     assert (application.status, application.decided_by) == ("approved", operator)
+
+
+# --- Holders --------------------------------------------------------------------------------------------
+
+
+def test_it_reads_the_holders_github_login_in_any_form_and_approves_that_github_user(
+    bob, olivia_client, rocm_star
+):
+    UserSocialAuth.objects.create(user=bob, provider="github", uid="101", extra_data={"login": "Bob-Builds"})
+    bobs = services.bonus_apply(user=bob, program=rocm_star, evidence="ROCM-STAR-0043")
+
+    upload(
+        olivia_client,
+        rocm_star,
+        b"Certificate ID;GitHub login\nROCM-STAR-0042;@alice-gh\nROCM-STAR-0043;https://github.com/bob-builds\n",
+    )
+
+    assert list(IssuedCertificate.objects.order_by("certificate_id").values_list("holder_github", flat=True)) == [
+        "alice-gh",
+        "bob-builds",
+    ]
+    bobs.refresh_from_db()
+    assert (bobs.status, bobs.approval_basis) == ("approved", "holder")
+
+
+def test_it_refuses_a_holder_column_value_that_cannot_be_a_holder_and_imports_nothing(olivia_client, rocm_star):
+    response = upload(
+        olivia_client,
+        rocm_star,
+        b"id,email,github\nROCM-1,alice.example.com,\nROCM-2,,not a login\nROCM-3,bob@example.com,bob\n",
+    )
+
+    assertContains(response, "an email column value that is not an address on line(s) 2")
+    assertContains(response, "a GitHub column value that is not a GitHub login on line(s) 3")
+    assert not IssuedCertificate.objects.exists()
+
+
+def test_it_refuses_an_id_listed_twice_with_different_holders(olivia_client, rocm_star):
+    response = upload(olivia_client, rocm_star, b"id,email\nROCM-1,alice@example.com\nrocm-1,bob@example.com\n")
+
+    assertContains(response, "1 ID(s) are listed twice with different holders (e.g. rocm-1)")
+    assert not CertificateImport.objects.exists()
+
+
+def test_it_refuses_to_trust_bare_ids_in_a_list_that_names_holders(olivia_client, rocm_star):
+    response = upload(olivia_client, rocm_star, ROCM_LIST, trust_bare_ids=True)
+
+    assertContains(response, "approving on the ID alone is for lists without holders")
+    assert not CertificateImport.objects.exists()
+
+
+def test_an_operators_approval_of_someone_else_does_not_keep_the_listed_holder_waiting(
+    alice, bob, olivia, rocm_star
+):
+    # The operator approved bob by hand, naming alice's ID, before the list said whose it is.
+    bobs = services.bonus_apply(user=bob, program=rocm_star, evidence="ROCM-STAR-0042")
+    services.bonus_approve(application_id=bobs.pk, actor=olivia)
+
+    services.certificates_import(program=rocm_star, rows=alices_certificate(), actor=olivia)
+    alices = services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-0042")
+
+    assert (alices.status, alices.approval_basis) == ("approved", "holder")
+    assert IssuedCertificate.objects.get().claimed_by == alices
+
+
+def test_the_review_page_says_when_the_applicant_is_not_the_listed_holder(bob, olivia, olivia_client, rocm_star):
+    services.certificates_import(program=rocm_star, rows=alices_certificate(), actor=olivia)
+    bobs = services.bonus_apply(user=bob, program=rocm_star, evidence="ROCM-STAR-0042")
+
+    page = olivia_client.get(f"/admin/credits/bonusapplication/{bobs.pk}/change/")
+
+    assert bobs.status == "pending"
+    assertContains(page, "issued to alice@example.com: <strong>not this applicant</strong>", html=False)
