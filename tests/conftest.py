@@ -108,10 +108,14 @@ def seeded_programs_after_flush(request):
     seed, so every test sees a freshly migrated database."""
     if _is_transactional(request):
         request.getfixturevalue("_django_db_helper")
+        from django.contrib.auth.models import Group, Permission
+
+        from portal.console.operators import operators_group_seed
         from portal.credits.models import BonusProgram, SignupGrantProgram
         from portal.credits.seed import seed_programs
 
         seed_programs(SignupGrantProgram, BonusProgram)
+        operators_group_seed(Group, Permission)
 
 
 @pytest.fixture(autouse=True)
