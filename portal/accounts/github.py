@@ -9,6 +9,9 @@ rules from issue 2:
   profile address, and a GitHub login without one creates nothing;
 - a GitHub login is linked to an existing account with the same address only when that address is
   verified on both sides; otherwise the person is told to log in and connect GitHub from Settings;
+- a logged-in account connects GitHub only once its own address is confirmed, so no one can add a way
+  into an address they do not own (proving the address later removes GitHub links, see
+  services.access_reset);
 - a new account made from GitHub counts as verified and gets the early-registrant grant once per person.
 The failures raised here are turned into a page a person can act on by middleware.SocialAuthErrorMiddleware.
 """
@@ -21,7 +24,7 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from social_core.backends.github import GithubOAuth2 as _GithubOAuth2
-from social_core.exceptions import AuthAssociationError, AuthException, AuthResponseError
+from social_core.exceptions import AuthAssociationError, AuthException, AuthPolicyError, AuthResponseError
 
 from portal.accounts.models import User
 from portal.credits.services import credits_grant_signup
@@ -34,6 +37,20 @@ class GithubNoVerifiedEmail(AuthException):
     """GitHub did not give a verified primary email address, so there is no address to sign up with."""
 
     default_code = "profile_email_missing"
+
+
+class GithubAccountUnconfirmed(AuthPolicyError):
+    """The logged-in account's own address is not confirmed, so it may not gain GitHub as a way in.
+
+    Whoever signed up with an address they do not own would otherwise keep a GitHub login into the
+    account after its real owner takes it over.
+    """
+
+    default_code = "authentication_disallowed"
+
+    def __init__(self, backend=None, *details, email: str = ""):
+        super().__init__(backend, *details, stage="pipeline")
+        self.email = email
 
 
 class GithubEmailInUse(AuthAssociationError):
@@ -154,13 +171,18 @@ def split_name(name) -> tuple[str, str]:
 # --- Pipeline steps ---------------------------------------------------------------------------------------
 
 
-def require_verified_email(backend, details, *args, social=None, **kwargs):
-    """Stop a new GitHub link when GitHub gave no verified primary address.
+def require_verified_email(backend, details, *args, social=None, user=None, **kwargs):
+    """Stop a new GitHub link unless the address is verified on both sides: GitHub gave a verified
+    primary address, and the logged-in account connecting GitHub (if any) has confirmed its own.
 
     A GitHub login that is already linked (social is set) goes through: its identity was checked when
-    it was linked. Raises GithubNoVerifiedEmail.
+    it was linked. Raises GithubNoVerifiedEmail, or GithubAccountUnconfirmed.
     """
-    if social is None and not details.get("email"):
+    if social is not None:
+        return None
+    if user is not None and not user.email_verified:
+        raise GithubAccountUnconfirmed(backend, email=user.email)
+    if not details.get("email"):
         raise GithubNoVerifiedEmail(backend, stage="pipeline")
     return None
 

@@ -19,7 +19,7 @@ from social_core.exceptions import (
     SocialAuthBaseException,
 )
 
-from .github import GithubEmailInUse, GithubNoVerifiedEmail
+from .github import GithubAccountUnconfirmed, GithubEmailInUse, GithubNoVerifiedEmail
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,17 @@ def describe_failure(exception: Exception) -> GithubFailure:
             "DevCloud signs you up with the verified primary email address of your GitHub account, and "
             "GitHub did not give us one. Verify your primary address in GitHub's settings "
             "(Settings → Emails), then try again, or sign up with your email address instead.",
+        )
+    if isinstance(exception, GithubAccountUnconfirmed):
+        return GithubFailure(
+            BAD_REQUEST,
+            "Confirm your email address before connecting GitHub",
+            "Confirm your email address before connecting GitHub: open the link we sent to "
+            f"{exception.email} (you can ask for a new one from Settings), then connect GitHub. Until an "
+            "address is confirmed we add no other way to log in to its account, so that no one can keep a "
+            "way into an address they do not own.",
+            retry=False,
+            email=exception.email,
         )
     if isinstance(exception, GithubEmailInUse):
         if not exception.active:

@@ -8,6 +8,7 @@ message a person can act on, or LinkError for a confirmation link that no longer
 import base64
 import hashlib
 import logging
+from dataclasses import dataclass, field
 
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from axes.utils import reset as axes_reset
@@ -49,6 +50,8 @@ class EmailKind:
     VERIFY = "verify"
     EMAIL_CHANGE = "email_change"
     PASSWORD_RESET = "password_reset"
+    # Tells the owner that proving the address removed the ways in that were there before.
+    ACCESS_RESET = "access_reset"
 
 
 class LinkError(Exception):
@@ -122,26 +125,114 @@ def email_verification_resend(*, user: User) -> list[str]:
     return addresses
 
 
-def email_verify(*, user: User, token: str):
+def _link_state(generator, user: User, token: str, *, already_confirmed) -> None:
+    """Raise LinkError unless `token` is a live link of `generator` for `user` (changes nothing)."""
+    state = generator.token_state(user, token)
+    if state is TokenState.EXPIRED:
+        raise LinkError(LinkError.EXPIRED)
+    if state is not TokenState.VALID:
+        raise LinkError(LinkError.ALREADY_CONFIRMED if already_confirmed(user) else LinkError.INVALID)
+
+
+def _verified_and_nothing_pending(user: User) -> bool:
+    return user.email_verified and not user.pending_email
+
+
+def email_verify_check(*, user: User, token: str) -> None:
+    """Check a verification link without using it, for the page that asks to confirm.
+
+    Returns None when the link would work. Raises LinkError (expired, already confirmed, invalid).
+    """
+    _link_state(email_verification_tokens, user, token, already_confirmed=_verified_and_nothing_pending)
+
+
+def email_verify(*, user: User, token: str, keep_session_key: str | None) -> "Proof":
     """Confirm the user's current address with the token from the emailed link, then give the
     early-registrant grant if this person has not had it.
 
-    Returns the grant's LedgerEntry, or None when nothing was granted. Raises LinkError when the
+    Reading the mail proves the address, so every other session of the user ends and every GitHub
+    link made before now is removed (see access_reset); `keep_session_key` is the confirming browser's.
+    Returns a Proof (the grant's LedgerEntry or None, and what was removed). Raises LinkError when the
     link expired, was already used, or was made before the email or password changed.
     """
     with transaction.atomic():
         # Locked so two clicks at once cannot both pass the single-use check.
         user = User.objects.select_for_update().get(pk=user.pk)
-        state = email_verification_tokens.token_state(user, token)
-        if state is TokenState.EXPIRED:
-            raise LinkError(LinkError.EXPIRED)
-        if state is not TokenState.VALID:
-            if user.email_verified and not user.pending_email:
-                raise LinkError(LinkError.ALREADY_CONFIRMED)
-            raise LinkError(LinkError.INVALID)
+        _link_state(email_verification_tokens, user, token, already_confirmed=_verified_and_nothing_pending)
         user.email_verified_at = timezone.now()
         user.save(update_fields=["email_verified_at"])
-        return credits_grant_signup(user=user)
+        removed = access_reset(user=user, keep_session_key=keep_session_key)
+        return Proof(grant=credits_grant_signup(user=user), removed=removed)
+
+
+# --- Proof of ownership ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AccessRemoved:
+    """What access_reset took away: the GitHub logins unlinked, how many other sessions ended, and the
+    address of a pending email change it cancelled ("" when none)."""
+
+    github_logins: list = field(default_factory=list)
+    sessions_ended: int = 0
+    pending_email_cancelled: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.github_logins or self.sessions_ended or self.pending_email_cancelled)
+
+    def summary(self) -> str:
+        """One sentence for the page, e.g. "we disconnected GitHub (mallory) and logged out 2 other
+        browsers"; "" when nothing was removed."""
+        parts = []
+        if self.github_logins:
+            parts.append(f"disconnected GitHub ({', '.join(self.github_logins)})")
+        if self.sessions_ended:
+            count = self.sessions_ended
+            parts.append(f"logged out {count} other browser{'' if count == 1 else 's'}")
+        if self.pending_email_cancelled:
+            parts.append(f"cancelled the change of address to {self.pending_email_cancelled}")
+        if not parts:
+            return ""
+        return "we " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])
+
+
+@dataclass(frozen=True)
+class Proof:
+    """The result of proving the address: the early-registrant grant (a LedgerEntry or None) and the
+    access that was removed."""
+
+    grant: object = None
+    removed: AccessRemoved = field(default_factory=AccessRemoved)
+
+
+def access_reset(
+    *, user: User, keep_session_key: str | None, cancel_pending_email: bool = False
+) -> AccessRemoved:
+    """Remove every way into the account that was added before its owner proved the address.
+
+    Someone can sign up with another person's address and add their own way in before the owner ever
+    sees the account; whoever proves the address (by a link we emailed to it) must end up the only one
+    inside. So: every GitHub link of the user is removed, every session of the user except
+    `keep_session_key` ends, and with `cancel_pending_email` a pending change of address is cancelled.
+    When anything was removed the owner is also emailed. Call it inside the transaction that records the
+    proof, with the user row locked. Returns AccessRemoved.
+    """
+    github_logins = [
+        str((social.extra_data or {}).get("login") or social.uid)
+        for social in user.social_auth.order_by("created", "pk")
+    ]
+    user.social_auth.all().delete()
+    sessions_ended = _sessions_end(user_pk=user.pk, keep_session_key=keep_session_key)
+    cancelled = ""
+    if cancel_pending_email and user.pending_email:
+        cancelled, user.pending_email = user.pending_email, ""
+        user.save(update_fields=["pending_email"])
+    removed = AccessRemoved(
+        github_logins=github_logins, sessions_ended=sessions_ended, pending_email_cancelled=cancelled
+    )
+    if removed:
+        email_send_later(kind=EmailKind.ACCESS_RESET, user_id=user.pk)
+    return removed
 
 
 # --- Email change ------------------------------------------------------------------------------
@@ -173,27 +264,35 @@ def email_change_cancel(*, user: User) -> None:
     user.save(update_fields=["pending_email"])
 
 
-def email_change_confirm(*, user: User, token: str):
+def email_change_check(*, user: User, token: str) -> None:
+    """Check an email-change link without using it. Returns None when it would work.
+
+    Raises LinkError (expired, invalid or no change pending, or the new address is taken by now).
+    """
+    _link_state(email_change_tokens, user, token, already_confirmed=lambda user: False)
+    if not user.pending_email:
+        raise LinkError(LinkError.INVALID)
+    if _email_in_use(user.pending_email, exclude_pk=user.pk):
+        raise LinkError(LinkError.TAKEN)
+
+
+def email_change_confirm(*, user: User, token: str, keep_session_key: str | None) -> Proof:
     """Move the account to its pending address, which the token proves the user can read.
 
     The address counts as verified, so the early-registrant grant is given if this person has not
-    had it. Password-reset and older confirmation links die with the old address. Returns the grant's
-    LedgerEntry or None. Raises LinkError (expired, invalid, or the address is taken by now).
+    had it. Password-reset and older confirmation links die with the old address. As with every proof
+    of the address, GitHub links and the other sessions of the user are removed (see access_reset).
+    Returns a Proof. Raises LinkError (expired, invalid, or the address is taken by now).
     """
     try:
         with transaction.atomic():
             user = User.objects.select_for_update().get(pk=user.pk)
-            state = email_change_tokens.token_state(user, token)
-            if state is TokenState.EXPIRED:
-                raise LinkError(LinkError.EXPIRED)
-            if state is not TokenState.VALID or not user.pending_email:
-                raise LinkError(LinkError.INVALID)
-            if _email_in_use(user.pending_email, exclude_pk=user.pk):
-                raise LinkError(LinkError.TAKEN)
+            email_change_check(user=user, token=token)
             user.email, user.pending_email = user.pending_email, ""
             user.email_verified_at = timezone.now()
             user.save(update_fields=["email", "pending_email", "email_verified_at"])
-            return credits_grant_signup(user=user)
+            removed = access_reset(user=user, keep_session_key=keep_session_key)
+            return Proof(grant=credits_grant_signup(user=user), removed=removed)
     except IntegrityError:
         raise LinkError(LinkError.TAKEN) from None
 
@@ -211,9 +310,24 @@ def password_reset_request(*, email: str) -> None:
             email_send_later(kind=EmailKind.PASSWORD_RESET, user_id=user.pk)
 
 
-def password_reset_completed(*, user: User) -> None:
-    """After a reset, lift a login lockout on the account: the lockout page sends people here."""
+def password_reset_completed(*, user: User, keep_session_key: str | None = None) -> Proof:
+    """After a reset through the emailed link (the new password is saved): the link proves the address.
+
+    So the address counts as verified (with the early-registrant grant if this person has not had it),
+    and everything a squatter could have added is removed: GitHub links, every session of the user but
+    `keep_session_key`, and a pending change of address (see access_reset). A login lockout on the
+    account is lifted too: the lockout page sends people here. Returns a Proof.
+    """
     axes_reset(username=user.email)
+    with transaction.atomic():
+        user = User.objects.select_for_update().get(pk=user.pk)
+        grant = None
+        if not user.email_verified:
+            user.email_verified_at = timezone.now()
+            user.save(update_fields=["email_verified_at"])
+            grant = credits_grant_signup(user=user)
+        removed = access_reset(user=user, keep_session_key=keep_session_key, cancel_pending_email=True)
+    return Proof(grant=grant, removed=removed)
 
 
 # --- Sending email -----------------------------------------------------------------------------
@@ -269,10 +383,15 @@ def _password_reset_message(user):
     return user.email, "password_reset", reverse("accounts:password_reset_confirm", args=[_uid(user), token])
 
 
+def _access_reset_message(user):
+    return user.email, "access_reset", reverse("accounts:settings")
+
+
 _MESSAGES = {
     EmailKind.VERIFY: _verify_message,
     EmailKind.EMAIL_CHANGE: _email_change_message,
     EmailKind.PASSWORD_RESET: _password_reset_message,
+    EmailKind.ACCESS_RESET: _access_reset_message,
 }
 
 
@@ -425,13 +544,17 @@ def account_delete(*, user: User) -> User:
     return user
 
 
-def _sessions_end(*, user_pk) -> int:
-    """Delete every stored session logged in as `user_pk`. Returns how many ended.
+def _sessions_end(*, user_pk, keep_session_key: str | None = None) -> int:
+    """Delete every stored session logged in as `user_pk`, except `keep_session_key`. Returns how many
+    ended.
 
     Django keeps no index from users to sessions, so this reads them all; deletions are rare.
     """
     ended = 0
-    for session in Session.objects.filter(expire_date__gt=timezone.now()).iterator():
+    sessions = Session.objects.filter(expire_date__gt=timezone.now())
+    if keep_session_key:
+        sessions = sessions.exclude(session_key=keep_session_key)
+    for session in sessions.iterator():
         if session.get_decoded().get("_auth_user_id") == str(user_pk):
             session.delete()
             ended += 1

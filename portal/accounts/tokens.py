@@ -8,7 +8,7 @@ in the meantime) makes every earlier link stop matching. They expire after PASSW
 import enum
 
 from django.conf import settings
-from django.contrib.auth.tokens import PasswordResetTokenGenerator, default_token_generator
+from django.contrib.auth.tokens import PasswordResetTokenGenerator
 from django.utils.crypto import constant_time_compare
 from django.utils.http import base36_to_int
 
@@ -74,6 +74,20 @@ def token_state(generator: PasswordResetTokenGenerator, user, token) -> TokenSta
     return TokenState.VALID
 
 
+class PasswordResetTokens(PasswordResetTokenGenerator):
+    """Django's reset links, except that logging in does not kill them.
+
+    Django's hash covers last_login. Someone who squatted an address knows the password, so by
+    logging in every few seconds they could kill every reset link its owner asks for. The password
+    hash is still covered, so a link works once, and the email too, so it dies with an address change.
+    """
+
+    key_salt = "portal.accounts.tokens.PasswordResetTokens"
+
+    def _make_hash_value(self, user, timestamp):
+        return f"{user.pk}|{user.password}|{user.email}|{timestamp}"
+
+
 email_verification_tokens = EmailVerificationTokenGenerator()
 email_change_tokens = EmailChangeTokenGenerator()
-password_reset_tokens = default_token_generator
+password_reset_tokens = PasswordResetTokens()

@@ -32,6 +32,7 @@ from .forms import (
 from .login_names import normalise_login_name
 from .models import SshKey
 from .services import LinkError
+from .tokens import password_reset_tokens
 
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
@@ -188,40 +189,75 @@ def _link_failed(request, reason, *, kind):
     return render(request, "accounts/link_invalid.html", {"reason": reason, "kind": kind}, status=status)
 
 
-def _after_confirmation(request, user, entry):
-    if entry is not None:
-        messages.success(request, f"{entry.hours} GPU-hours were added to your balance.")
-    if request.user.is_authenticated and request.user.pk == user.pk:
-        return redirect("credits:dashboard")
-    messages.info(request, "Log in to continue.")
-    return redirect("accounts:login")
+def _owner_is_here(request, user) -> bool:
+    return request.user.is_authenticated and request.user.pk == user.pk
+
+
+def _confirm_page(request, user, *, kind):
+    """The page an emailed link opens: one button, which confirms only for the account's own browser.
+
+    Anyone else (a mail scanner, a browser logged out or logged in as someone else) gets the page too and
+    the button leads to logging in (or out) first; a POST from them changes nothing (403).
+    """
+    status = 403 if request.method == "POST" else 200
+    context = {"kind": kind, "account": user, "owner_here": _owner_is_here(request, user)}
+    return render(request, "accounts/link_confirm.html", context, status=status)
+
+
+def _removed_message(request, removed):
+    if removed:
+        messages.warning(
+            request,
+            f"For your safety {removed.summary()}: they were set up before this address was proven to be "
+            "yours. If GitHub was yours, connect it again from Settings.",
+        )
+
+
+def _after_confirmation(request, proof):
+    if proof.grant is not None:
+        messages.success(request, f"{proof.grant.hours} GPU-hours were added to your balance.")
+    _removed_message(request, proof.removed)
+    # A new session key: nothing learnt about the session before the proof is of use after it.
+    request.session.cycle_key()
+    return redirect("credits:dashboard")
 
 
 def verify(request, uidb64, token):
-    """Follow the link from the sign-up email. Works logged in or not, e.g. on another device."""
+    """Follow the link from the sign-up email. GET changes nothing (mail scanners fetch links): it shows
+    a page whose button POSTs back here. Only a browser logged in as the account confirms, so the person
+    who set the password is the one who reads the mail; someone else who reads it resets the password."""
     user = _user_from_uid(uidb64)
     if user is None:
         return _link_failed(request, LinkError.INVALID, kind="verify")
     try:
-        entry = services.email_verify(user=user, token=token)
+        services.email_verify_check(user=user, token=token)
+        if request.method != "POST" or not _owner_is_here(request, user):
+            return _confirm_page(request, user, kind="verify")
+        proof = services.email_verify(user=user, token=token, keep_session_key=request.session.session_key)
     except LinkError as error:
         return _link_failed(request, error.reason, kind="verify")
     messages.success(request, f"Thank you: {user.email} is confirmed.")
-    return _after_confirmation(request, user, entry)
+    return _after_confirmation(request, proof)
 
 
 def email_confirm(request, uidb64, token):
-    """Follow the link sent to a new address: the account moves to it."""
+    """Follow the link sent to a new address: the account moves to it, on the button's POST only, from a
+    browser logged in as the account (see verify)."""
     user = _user_from_uid(uidb64)
     if user is None:
         return _link_failed(request, LinkError.INVALID, kind="email_change")
     try:
-        entry = services.email_change_confirm(user=user, token=token)
+        services.email_change_check(user=user, token=token)
+        if request.method != "POST" or not _owner_is_here(request, user):
+            return _confirm_page(request, user, kind="email_change")
+        proof = services.email_change_confirm(
+            user=user, token=token, keep_session_key=request.session.session_key
+        )
     except LinkError as error:
         return _link_failed(request, error.reason, kind="email_change")
     user.refresh_from_db(fields=["email"])
     messages.success(request, f"Your email address is now {user.email}.")
-    return _after_confirmation(request, user, entry)
+    return _after_confirmation(request, proof)
 
 
 @require_POST
@@ -260,9 +296,24 @@ class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
     template_name = "accounts/password_reset_confirm.html"
     success_url = reverse_lazy("accounts:password_reset_complete")
 
+    # Ours, not Django's default: a squatter logging in must not kill the owner's link (see tokens.py).
+    token_generator = password_reset_tokens
+
     def form_valid(self, form):
         response = super().form_valid(form)
-        services.password_reset_completed(user=form.user)
+        proof = services.password_reset_completed(
+            user=form.user, keep_session_key=self.request.session.session_key
+        )
+        if _owner_is_here(self.request, form.user):
+            # Logged in with the old password: log in again with the new one, like every other browser.
+            logout(self.request)
+        if proof.grant is not None:
+            messages.success(
+                self.request,
+                f"{form.user.email} is confirmed too: "
+                f"{proof.grant.hours} GPU-hours were added to your balance.",
+            )
+        _removed_message(self.request, proof.removed)
         return response
 
 

@@ -83,15 +83,21 @@ def test_bobs_own_forms_only_touch_bobs_account(alice, bob, bob_client, run_on_c
     assert not User.objects.get(pk=bob.pk).is_active
 
 
-def test_following_someone_elses_link_changes_nothing_for_oneself(bob, bob_client, charlie, mailoutbox):
+def test_following_someone_elses_link_changes_nothing_for_either_account(
+    bob, bob_client, charlie, mailoutbox
+):
+    # Only the account's own browser confirms: someone logged in as another account is asked to log out.
     services.email_send(kind=services.EmailKind.VERIFY, user_id=charlie.pk)
     from .conftest import link_path
 
-    bob_client.get(link_path(mailoutbox[-1]))
+    link = link_path(mailoutbox[-1])
+    assert "This link is for another account" in bob_client.get(link).content.decode()
+    response = bob_client.post(link)
 
+    assert response.status_code == 403
     assert bob_client.session[SESSION_KEY] == str(bob.pk)
     charlie.refresh_from_db()
-    assert charlie.email_verified
+    assert not charlie.email_verified
 
 
 # --- CSRF ---------------------------------------------------------------------------------------

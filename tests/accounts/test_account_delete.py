@@ -16,13 +16,14 @@ DELETE = "/accounts/settings/delete/"
 
 
 def sign_up_and_verify(run_on_commit, mailoutbox, email):
-    """A newcomer's whole path: sign up, follow the emailed link. Returns (user, browser, verify page)."""
+    """A newcomer's whole path: sign up, open the emailed link, press its button. Returns (user, browser,
+    the page after confirming)."""
     browser = Client()
     with run_on_commit():
         browser.post(
             "/accounts/signup/", {"email": email, "password": PASSWORD, "password_confirm": PASSWORD}
         )
-    page = browser.get(link_path(mailoutbox[-1]), follow=True).content.decode()
+    page = browser.post(link_path(mailoutbox[-1]), follow=True).content.decode()
     return User.objects.get(email=email.strip().lower()), browser, page
 
 

@@ -32,7 +32,9 @@ def test_it_sends_a_link_to_the_new_address_and_changes_only_when_followed(
     link = link_path(message)
     assert link.startswith("/accounts/email/confirm/")
 
-    response = alice_client.get(link, follow=True)
+    page = alice_client.get(link).content.decode()
+    assert "from <strong>alice@example.com</strong> to <strong>alice@new.example</strong>" in page
+    response = alice_client.post(link, follow=True)
 
     assert "Your email address is now alice@new.example." in response.content.decode()
     alice.refresh_from_db()
@@ -50,9 +52,9 @@ def test_it_sends_a_link_to_the_new_address_and_changes_only_when_followed(
 def test_a_change_link_works_once(alice_client, alice, run_on_commit, mailoutbox):
     request_change(alice_client, run_on_commit)
     link = link_path(mailoutbox[-1])
-    alice_client.get(link)
+    alice_client.post(link)
 
-    response = alice_client.get(link)
+    response = alice_client.post(link)
 
     assert response.status_code == 400
     assert "This link does not work" in response.content.decode()
@@ -125,7 +127,7 @@ def test_an_unverified_user_who_confirms_a_new_address_gets_the_grant(
     client.force_login(charlie)
     request_change(client, run_on_commit, "charles@example.net")
 
-    client.get(link_path(mailoutbox[-1]))
+    client.post(link_path(mailoutbox[-1]))
 
     charlie.refresh_from_db()
     assert charlie.email == "charles@example.net" and charlie.email_verified

@@ -48,7 +48,7 @@ def test_it_sends_the_verification_email_from_a_real_worker_and_the_link_grants_
             assert "Confirm your email address" in mail.subject
             assert "accounts.send_email" in worker.log()
 
-    response = browser.get(link_path(mail.body), follow=True)
+    response = browser.post(link_path(mail.body), follow=True)
 
     assert "25.00 GPU-hours were added to your balance." in response.content.decode()
     dana = User.objects.get(email="dana@example.com")

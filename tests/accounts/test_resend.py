@@ -15,7 +15,7 @@ def test_it_sends_a_new_link_to_an_unverified_user(client, charlie, run_on_commi
     assert response.status_code == 302 and response["Location"] == "http://testserver/instances/"
     [message] = mailoutbox
     assert message.to == ["charlie@example.com"]
-    client.get(link_path(message))
+    client.post(link_path(message))
     charlie.refresh_from_db()
     assert charlie.email_verified
 

@@ -23,8 +23,9 @@ def verification_link(user, mailoutbox) -> str:
 def test_it_confirms_the_address_and_grants_25_gpu_hours(client, charlie, mailoutbox):
     client.force_login(charlie)
     link = verification_link(charlie, mailoutbox)
+    assert "Confirm my email address" in client.get(link).content.decode()
 
-    response = client.get(link, follow=True)
+    response = client.post(link, follow=True)
 
     charlie.refresh_from_db()
     assert charlie.email_verified
@@ -36,22 +37,25 @@ def test_it_confirms_the_address_and_grants_25_gpu_hours(client, charlie, mailou
     assert "Confirm your email address." not in page
 
 
-def test_it_confirms_from_a_browser_that_is_not_logged_in(client, charlie, mailoutbox):
+def test_a_browser_that_is_not_logged_in_logs_in_first_and_comes_back_to_confirm(client, charlie, mailoutbox):
     link = verification_link(charlie, mailoutbox)
+    page = client.get(link).content.decode()
+    assert "Log in to confirm" in page and f'href="/accounts/login/?next={link}"' in page
 
-    response = client.get(link, follow=True)
+    back = client.post("/accounts/login/", {"username": charlie.email, "password": PASSWORD, "next": link})
+    assert back["Location"] == link
+    client.post(link)
 
     charlie.refresh_from_db()
     assert charlie.email_verified and balance_for(charlie) == TWENTY_FIVE_HOURS
-    assert response.redirect_chain == [("/accounts/login/", 302)]
-    assert "Log in to continue." in response.content.decode()
 
 
 def test_it_refuses_a_used_link_and_grants_once(client, charlie, mailoutbox):
+    client.force_login(charlie)
     link = verification_link(charlie, mailoutbox)
-    client.get(link)
+    client.post(link)
 
-    response = client.get(link)
+    response = client.post(link)
 
     assert response.status_code == 200
     assert "Already confirmed" in response.content.decode()
@@ -85,8 +89,9 @@ def test_it_still_accepts_a_link_inside_the_timeout(client, charlie):
         charlie, fifty_minutes_ago, email_verification_tokens.secret
     )
     uid = urlsafe_base64_encode(force_bytes(charlie.pk))
+    client.force_login(charlie)
 
-    client.get(f"/accounts/verify/{uid}/{token}/")
+    client.post(f"/accounts/verify/{uid}/{token}/")
 
     charlie.refresh_from_db()
     assert charlie.email_verified
@@ -157,8 +162,9 @@ def test_a_link_dies_when_the_email_changes(client, charlie, mailoutbox):
 def test_a_link_to_the_current_address_never_confirms_the_pending_one(client, charlie, mailoutbox):
     services.email_change_request(user=charlie, new_email="charles@example.net", password=PASSWORD)
     link = verification_link(charlie, mailoutbox)
+    client.force_login(charlie)
 
-    client.get(link)
+    client.post(link)
 
     charlie.refresh_from_db()
     assert charlie.email == "charlie@example.com" and charlie.email_verified

@@ -177,6 +177,8 @@ def test_it_walks_a_newcomer_from_sign_up_to_a_notebook_cell_and_the_charge_in_t
             [link] = [link for link in email.links() if "/accounts/verify/" in link]
             assert link.startswith(f"{base}/accounts/verify/"), link
             page.goto(link)
+            page.get_by_role("button", name="Confirm my email address").click()
+            page.wait_for_url(f"{base}/")
 
             # 3. Confirmed: the early-registrant grant.
             expect(page.get_by_test_id("balance").first).to_have_text("25.00 GPU-hours")
