@@ -27,12 +27,18 @@ told. Any activity moves `idle_since`, which names a new stretch: the old warnin
 a new one must be sent before any stop.
 
 A JupyterLab that does not answer is not evidence of idleness: the instance is skipped this round (the
-reconciler deals with containers that are gone). Safe to run twice or concurrently: the warning and the
+reconciler deals with containers that are gone). The server answering is the tenant's (its owner controls
+the container), so "does not answer" includes: not done within PROBE_DEADLINE_SECONDS for its three
+requests together (a server that dribbles bytes forever), an answer larger than PROBE_MAX_BYTES, and a
+compressed one. Such an instance is neither busy nor idle this round; it only keeps running, on its
+owner's credit, as an instance whose JupyterLab is down would. One hostile lab costs a round at most the
+deadline, and the others are asked at the same time. Safe to run twice or concurrently: the warning and the
 stop email are sent once per event, and instance_request_stop leaves a stopping instance alone.
 """
 
+import asyncio
+import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -64,9 +70,14 @@ GPU_BUSY_PERCENT = 5
 # How the GPU sightings start on the timeline; the culler reads its last one back by these prefixes.
 GPU_EVENT_BUSY = "GPUs busy"
 GPU_EVENT_IDLE = "GPUs idle again"
-# JupyterLabs asked at once. Each is asked three short questions; a dead one costs at most the timeouts.
+# JupyterLabs asked at once. Each is asked three short questions.
 PROBE_WORKERS = 32
+# Per connect and per read; a server that sends a byte every second never trips these, hence the deadline.
 PROBE_TIMEOUT = httpx.Timeout(3.0, connect=1.0)
+# All three questions to one JupyterLab, answers included, end within this, however its server behaves.
+PROBE_DEADLINE_SECONDS = 10.0
+# A real answer is a few KiB (a list of hundreds of kernels stays far below this).
+PROBE_MAX_BYTES = 1024 * 1024
 
 
 class JupyterUnreachable(Exception):
@@ -111,27 +122,56 @@ def _parse_time(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def jupyter_activity(client: httpx.Client, instance, endpoint: str) -> JupyterActivity:
+async def _get_json(client: httpx.AsyncClient, url: str, *, headers: dict, params=None):
+    """GETs `url`; returns (status, the JSON body for a 200, else None).
+
+    Reads at most PROBE_MAX_BYTES, uncompressed (so the cap is what lands in memory). Raises
+    JupyterUnreachable for a larger or compressed answer, and httpx errors as they come.
+    """
+    # identity: a small gzip answer could inflate to gigabytes past the cap.
+    headers = {**headers, "Accept-Encoding": "identity"}
+    async with client.stream("GET", url, headers=headers, params=params) as response:
+        if response.headers.get("content-encoding", "identity").lower() != "identity":
+            raise JupyterUnreachable(f"compressed answer ({response.headers['content-encoding']})")
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > PROBE_MAX_BYTES:
+            raise JupyterUnreachable(f"answer of {declared} bytes, more than {PROBE_MAX_BYTES}")
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if len(body) > PROBE_MAX_BYTES:
+                raise JupyterUnreachable(f"answer longer than {PROBE_MAX_BYTES} bytes")
+    return response.status_code, json.loads(body) if response.status_code == 200 else None
+
+
+async def jupyter_activity(client: httpx.AsyncClient, instance, endpoint: str) -> JupyterActivity:
     """Ask the instance's JupyterLab how it is used: /api/status, /api/kernels and /api/terminals.
 
-    Returns a JupyterActivity. Raises JupyterUnreachable when a request fails, is refused (wrong token)
-    or gets an answer that cannot be read. Terminals turned off (404) count as no terminals.
+    Returns a JupyterActivity. Raises JupyterUnreachable when a request fails, is refused (wrong token),
+    gets an answer that cannot be read or is too large, or when the three together take longer than
+    PROBE_DEADLINE_SECONDS. Terminals turned off (404) count as no terminals.
     """
     headers = {"Authorization": f"token {instance.jupyter_token}"}
     # Without it, listing kernels and terminals would itself count as API activity.
     quiet = {"no_track_activity": "1"}
     try:
-        status = client.get(lab_api_url(instance, endpoint, "status"), headers=headers)
-        if status.status_code != 200:
-            raise JupyterUnreachable(f"/api/status answered {status.status_code}")
-        kernels = client.get(lab_api_url(instance, endpoint, "kernels"), headers=headers, params=quiet)
-        if kernels.status_code != 200:
-            raise JupyterUnreachable(f"/api/kernels answered {kernels.status_code}")
-        terminals = client.get(lab_api_url(instance, endpoint, "terminals"), headers=headers, params=quiet)
-        if terminals.status_code not in (200, 404):
-            raise JupyterUnreachable(f"/api/terminals answered {terminals.status_code}")
-        status_body, kernel_list = status.json(), kernels.json()
-        terminal_list = terminals.json() if terminals.status_code == 200 else []
+        async with asyncio.timeout(PROBE_DEADLINE_SECONDS):
+            status, status_body = await _get_json(
+                client, lab_api_url(instance, endpoint, "status"), headers=headers
+            )
+            if status != 200:
+                raise JupyterUnreachable(f"/api/status answered {status}")
+            status, kernel_list = await _get_json(
+                client, lab_api_url(instance, endpoint, "kernels"), headers=headers, params=quiet
+            )
+            if status != 200:
+                raise JupyterUnreachable(f"/api/kernels answered {status}")
+            status, terminal_list = await _get_json(
+                client, lab_api_url(instance, endpoint, "terminals"), headers=headers, params=quiet
+            )
+            if status not in (200, 404):
+                raise JupyterUnreachable(f"/api/terminals answered {status}")
+        terminal_list = terminal_list if status == 200 else []
         times = [_parse_time(status_body["last_activity"])] + [
             _parse_time(item["last_activity"])
             for item in [*kernel_list, *terminal_list]
@@ -144,6 +184,8 @@ def jupyter_activity(client: httpx.Client, instance, endpoint: str) -> JupyterAc
             terminals=len(terminal_list),
             connections=int(status_body.get("connections") or 0),
         )
+    except TimeoutError as error:
+        raise JupyterUnreachable(f"no complete answer within {PROBE_DEADLINE_SECONDS} seconds") from error
     except httpx.HTTPError as error:
         raise JupyterUnreachable(f"{type(error).__name__}: {error}") from error
     except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -189,23 +231,32 @@ def _held_gpus(instance_ids) -> dict:
 
 
 def _probe_all(instances) -> dict:
-    """instance id -> JupyterActivity, or the JupyterUnreachable it raised. Asks PROBE_WORKERS at a time."""
+    """instance id -> JupyterActivity, or the JupyterUnreachable it raised. Asks PROBE_WORKERS at a time.
+
+    Returns within about PROBE_DEADLINE_SECONDS per PROBE_WORKERS instances, whatever they answer.
+    """
     if not instances:
         return {}
+    return asyncio.run(_probe_all_async(instances))
+
+
+async def _probe_all_async(instances) -> dict:
     limits = httpx.Limits(max_connections=PROBE_WORKERS, max_keepalive_connections=PROBE_WORKERS)
+    at_once = asyncio.Semaphore(PROBE_WORKERS)
     # trust_env=False: a proxy from the environment must never sit between the portal and an instance.
-    with httpx.Client(
+    async with httpx.AsyncClient(
         timeout=PROBE_TIMEOUT, trust_env=False, follow_redirects=False, limits=limits
     ) as client:
 
-        def probe(instance):
-            try:
-                return jupyter_activity(client, instance, instance.driver_state["endpoint"])
-            except JupyterUnreachable as error:
-                return error
+        async def probe(instance):
+            async with at_once:
+                try:
+                    return await jupyter_activity(client, instance, instance.driver_state["endpoint"])
+                except JupyterUnreachable as error:
+                    return error
 
-        with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(instances))) as pool:
-            return dict(zip([i.id for i in instances], pool.map(probe, instances)))
+        results = await asyncio.gather(*(probe(instance) for instance in instances))
+    return dict(zip([i.id for i in instances], results))
 
 
 @dataclass
