@@ -22,7 +22,7 @@ from django.http.cookie import parse_cookie
 
 from . import lab_path, pages, tickets
 from .access import Decision, Outcome, access_check, decision_cache
-from .headers import decoded_headers, origin_allowed
+from .headers import decoded_headers, origin_allowed, strip_portal_cookies
 from .http_proxy import new_client, path_with_query, proxy_http, reply
 from .ws_proxy import proxy_websocket, refuse
 
@@ -70,7 +70,7 @@ class Gateway:
     def session_key(headers: dict[str, str], instance_id: str) -> str | None:
         """The portal session this request acts for: from the lab cookie (subdomain mode) or the portal's."""
         cookies = parse_cookie(headers.get("cookie", ""))
-        lab_cookie = cookies.get(tickets.LAB_COOKIE_NAME)
+        lab_cookie = cookies.get(tickets.lab_cookie_name())
         if lab_cookie:
             session_key = tickets.lab_cookie_session_key(lab_cookie, instance_id=instance_id)
             if session_key:
@@ -136,7 +136,7 @@ class Gateway:
         refusal = self._refusal(scope, headers, decision)
         if refusal:
             return await reply(send, refusal, head=head)
-        if scope["method"] not in SAFE_METHODS and not origin_allowed(headers):
+        if scope["method"] not in SAFE_METHODS and not origin_allowed(scope, headers):
             return await reply(send, pages.forbidden_origin(headers), head=head)
         if not decision.endpoint:
             return await reply(send, pages.upstream_down(headers, path_with_query(scope)), head=head)
@@ -154,7 +154,7 @@ class Gateway:
         statuses = {Outcome.ANONYMOUS: 401, Outcome.NOT_FOUND: 404, Outcome.NOT_RUNNING: 409}
         if not decision.allowed:
             return await refuse(scope, send, statuses[decision.outcome])
-        if not origin_allowed(headers):
+        if not origin_allowed(scope, headers):
             # Cross-site websocket hijacking: the browser attaches cookies to any site's handshake.
             return await refuse(scope, send, 403)
         if not decision.endpoint:
@@ -175,20 +175,25 @@ class Gateway:
     async def _auth_request(self, scope, send, instance_id: str) -> None:
         """nginx `auth_request`: 204 with where and how to reach JupyterLab, or 401/403.
 
-        Only a caller presenting GATEWAY_AUTH_SECRET (nginx) gets an answer; to anyone else the route
-        does not exist, because the answer contains the Jupyter token. nginx treats any status other
-        than 2xx, 401 and 403 as a server error, so "no such instance", "not running" and "another
-        site's Origin" are 403 here, with the gateway's own status in X-DevCloud-Status. nginx must
-        pass the original Host (`$http_host`) and the browser's Origin and Cookie headers.
+        Only a caller presenting GATEWAY_AUTH_SECRET (nginx) gets an answer, because the answer contains
+        the Jupyter token; anyone else gets a bare 403 (404 when no secret is configured: the route is
+        off). nginx treats any status other than 2xx, 401 and 403 as a server error, so "no such
+        instance", "not running" and "another site's Origin" are 403 here, with the gateway's own status
+        in X-DevCloud-Status. nginx must pass the original Host (`$http_host`), the scheme
+        (X-Forwarded-Proto) and the browser's Origin and Cookie headers. The 204 also carries the Cookie
+        header the instance may see (X-DevCloud-Cookie), so nginx strips exactly what the gateway does.
         """
         headers = decoded_headers(scope)
         secret = getattr(settings, "GATEWAY_AUTH_SECRET", "")
-        presented = headers.get("x-devcloud-gateway-secret", "")
-        if scope["method"] not in ("GET", "HEAD") or not secret or not hmac.compare_digest(presented, secret):
-            return await reply(send, NOT_FOUND)
-        decision = await self.decide(headers, instance_id)
         no_store = (b"cache-control", b"no-store")
-        if not origin_allowed(headers):
+        if scope["method"] not in ("GET", "HEAD") or not secret:
+            return await reply(send, NOT_FOUND)
+        # Bytes, not str: compare_digest refuses str with non-ASCII characters (a TypeError, a 500).
+        presented = headers.get("x-devcloud-gateway-secret", "").encode("latin-1")
+        if not hmac.compare_digest(presented, secret.encode()):
+            return await reply(send, pages.Reply(403, [no_store]))
+        decision = await self.decide(headers, instance_id)
+        if not origin_allowed(scope, headers):
             # JupyterLab skips its own Origin check for token-authenticated requests, and nginx adds
             # the token, so this is where another site's websocket or fetch is stopped.
             answer = pages.Reply(403, [(b"x-devcloud-status", b"403"), no_store])
@@ -198,6 +203,7 @@ class Gateway:
                 [
                     (b"x-devcloud-upstream", decision.endpoint.encode()),
                     (b"x-devcloud-token", decision.token.encode()),
+                    (b"x-devcloud-cookie", strip_portal_cookies(headers.get("cookie", "")).encode("latin-1")),
                     no_store,
                 ],
             )
@@ -212,44 +218,63 @@ class Gateway:
         """Where "Open JupyterLab" points: checks the portal session, then sends the browser to the lab.
 
         In path mode that is /instances/<uuid>/lab/ on this host. In subdomain mode (GATEWAY_LAB_URL set)
-        it is the lab host's redeem route with a fresh ticket, since the portal cookie cannot go there.
+        the portal cookie cannot go to the lab host, so the hosts hand the session over (tickets.py): a
+        request without `handshake=` is sent to the lab host to get a handshake cookie; one with it (the
+        lab host sent it back) gets a ticket bound to that cookie.
         """
         headers = decoded_headers(scope)
         if scope["method"] not in ("GET", "HEAD"):
             return await reply(send, NOT_FOUND)
         session_key = parse_cookie(headers.get("cookie", "")).get(settings.SESSION_COOKIE_NAME)
         decision = await self.decide(headers, instance_id, session_key=session_key)
-        refusal = self._refusal(scope, headers, decision)
+        # After signing in, the browser comes back without the handshake, which will have expired.
+        refusal = self._refusal({**scope, "query_string": b""}, headers, decision)
         if refusal:
             return await reply(send, refusal)
         lab_origin = tickets.lab_base_url(instance_id)
-        if lab_origin:
-            ticket = tickets.ticket_issue(session_key=session_key, instance_id=instance_id)
-            location = f"{lab_origin}/instances/{instance_id}/redeem?{urlencode({'ticket': ticket})}"
-        else:
+        binding = _query_value(scope, "handshake")
+        if not lab_origin:
             location = lab_path(instance_id)
+        elif not tickets.binding_well_formed(binding):
+            location = f"{lab_origin}/instances/{instance_id}/redeem"
+        else:
+            ticket = tickets.ticket_issue(session_key=session_key, instance_id=instance_id, binding=binding)
+            location = f"{lab_origin}/instances/{instance_id}/redeem?{urlencode({'ticket': ticket})}"
         await reply(send, _redirect(location))
 
     async def _redeem(self, scope, send, instance_id: str) -> None:
-        """On the lab host: exchanges a ticket from /open for the lab cookie, then enters JupyterLab."""
+        """On the lab host: the two lab-host steps of the handshake (tickets.py).
+
+        Without a ticket it gives this browser a fresh handshake cookie and sends it back to the portal's
+        /open with the cookie's hash. With one, it exchanges the ticket for the lab cookie, provided the
+        ticket is bound to this browser's handshake cookie and unspent, then enters JupyterLab.
+        """
         headers = decoded_headers(scope)
-        ticket = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("ticket", [""])[0]
-        session_key = tickets.ticket_redeem(ticket, instance_id=instance_id) if ticket else None
-        if scope["method"] not in ("GET", "HEAD") or not session_key:
+        if scope["method"] not in ("GET", "HEAD"):
+            return await reply(send, pages.link_expired(headers))
+        ticket = _query_value(scope, "ticket")
+        if not ticket:
+            value, binding = tickets.handshake_new()
+            back = f"{settings.SITE_URL}/instances/{instance_id}/open?{urlencode({'handshake': binding})}"
+            answer = _redirect(back)
+            answer.headers.append(
+                _set_cookie(tickets.handshake_cookie_name(), value, tickets.HANDSHAKE_SECONDS)
+            )
+            return await reply(send, answer)
+        handshake = parse_cookie(headers.get("cookie", "")).get(tickets.handshake_cookie_name(), "")
+        redeem = partial(tickets.ticket_redeem, ticket, instance_id=instance_id, handshake=handshake)
+        session_key = await asyncio.get_running_loop().run_in_executor(self._pool, redeem)
+        if not session_key:
             return await reply(send, pages.link_expired(headers))
         decision = await self.decide(headers, instance_id, session_key=session_key, fresh=True)
         if not decision.allowed:
             # Logged out or stopped since the ticket was issued: the portal says which, on its own host.
             return await reply(send, _redirect(f"{settings.SITE_URL}/instances/{instance_id}/open"))
-        cookie = SimpleCookie()
-        cookie[tickets.LAB_COOKIE_NAME] = tickets.lab_cookie_value(
-            session_key=session_key, instance_id=instance_id
-        )
-        morsel = cookie[tickets.LAB_COOKIE_NAME]
-        morsel["path"], morsel["httponly"], morsel["samesite"] = "/", True, "Lax"
-        morsel["secure"] = settings.SESSION_COOKIE_SECURE
         answer = _redirect(lab_path(instance_id))
-        answer.headers.append((b"set-cookie", morsel.OutputString().encode()))
+        lab_cookie = tickets.lab_cookie_value(session_key=session_key, instance_id=instance_id)
+        answer.headers.append(_set_cookie(tickets.lab_cookie_name(), lab_cookie))
+        # Spent: the handshake has done its job.
+        answer.headers.append(_set_cookie(tickets.handshake_cookie_name(), "", 0))
         await reply(send, answer)
 
     @staticmethod
@@ -262,6 +287,25 @@ class Gateway:
         if decision.outcome is Outcome.NOT_RUNNING:
             return pages.not_running(headers, decision.state)
         return None
+
+
+def _query_value(scope, name: str) -> str:
+    return parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name, [""])[0]
+
+
+def _set_cookie(name: str, value: str, max_age: int | None = None) -> tuple[bytes, bytes]:
+    """A host-only Set-Cookie for the lab host: Path=/, HttpOnly, SameSite=Lax, Secure as the session's.
+
+    Path=/, no Domain and Secure (production) are what a `__Host-` name requires of it.
+    """
+    cookie = SimpleCookie()
+    cookie[name] = value
+    morsel = cookie[name]
+    morsel["path"], morsel["httponly"], morsel["samesite"] = "/", True, "Lax"
+    morsel["secure"] = settings.SESSION_COOKIE_SECURE
+    if max_age is not None:
+        morsel["max-age"] = max_age
+    return b"set-cookie", morsel.OutputString().encode()
 
 
 def _redirect(location: str) -> pages.Reply:

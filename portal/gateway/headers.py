@@ -1,12 +1,13 @@
 """What crosses the gateway in each direction, and what does not.
 
-Upstream (to JupyterLab) the portal's own cookies are removed: code in the instance must never see the
-portal session, which would let it act as the user on the portal. The token is sent as
+Upstream (to JupyterLab) the portal's own cookies and the gateway's lab cookies are removed, over HTTP and
+websockets alike: code in the instance must never see the portal session (the lab cookie carries it,
+encrypted), which would let it act as the user. The token is sent as
 `Authorization: token ...`, which Jupyter Server (2.x) treats as token authentication. A
 token-authenticated request skips both of Jupyter's cross-site defences: `check_xsrf_cookie` returns
 early and `skip_check_origin` is true (IdentityProvider.should_check_origin). So the browser needs no
 `_xsrf` dance, and the gateway's own Origin check (`origin_allowed`) is the only thing standing
-between another site and the kernel, with the session cookie's SameSite=Lax behind it. Origin is
+between another origin and the kernel, with the session cookie's SameSite=Lax behind it. Origin is
 still rewritten to JupyterLab's own, so the request also passes should a later Jupyter check it.
 
 Downstream (to the browser) the instance is treated as untrusted: it may not set or overwrite portal
@@ -18,6 +19,8 @@ from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
+
+from .tickets import handshake_cookie_name, lab_cookie_name
 
 # RFC 9110 section 7.6.1, plus headers the gateway sets itself.
 HOP_BY_HOP = {
@@ -53,14 +56,34 @@ UPSTREAM_HEADERS_DROPPED = HOP_BY_HOP | {
 }
 
 
+# Prefixes a browser enforces on cookie names; a cookie is the same cookie to the portal with or without.
+COOKIE_PREFIXES = ("__Host-", "__Secure-")
+
+
 def portal_cookie_names() -> set[str]:
-    """Cookies that belong to the portal and never go to an instance."""
-    return {
+    """Cookies that belong to the portal or the gateway and never go to an instance.
+
+    The lab cookie carries the portal session (encrypted): anyone holding it is the owner in that lab, so
+    it is as secret from the instance as the session itself. Each name is also dropped with or without a
+    `__Host-`/`__Secure-` prefix, so a name changed between environments never slips through.
+    """
+    names = {
         settings.SESSION_COOKIE_NAME,
         settings.CSRF_COOKIE_NAME,
         settings.LANGUAGE_COOKIE_NAME,
         "messages",  # django.contrib.messages' cookie storage
+        lab_cookie_name(),
+        handshake_cookie_name(),
     }
+    bare = {_unprefixed(name) for name in names}
+    return bare | {prefix + name for name in bare for prefix in COOKIE_PREFIXES}
+
+
+def _unprefixed(name: str) -> str:
+    for prefix in COOKIE_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
 
 
 def decoded_headers(scope) -> dict[str, str]:
@@ -84,12 +107,12 @@ def cookie_value(cookie_header: str, name: str) -> str | None:
 
 
 def strip_portal_cookies(cookie_header: str) -> str:
-    """Returns the Cookie header without the portal's cookies (kept verbatim otherwise)."""
+    """Returns the Cookie header without the portal's cookies, every occurrence (kept verbatim otherwise)."""
     dropped = portal_cookie_names()
     kept = [
         part.strip()
         for part in cookie_header.split(";")
-        if part.strip() and part.strip().partition("=")[0] not in dropped
+        if part.strip() and part.partition("=")[0].strip() not in dropped
     ]
     return "; ".join(kept)
 
@@ -131,18 +154,57 @@ def upstream_request_headers(scope, token: str, endpoint: str) -> list[tuple[str
     return result
 
 
-def origin_allowed(headers: dict[str, str]) -> bool:
-    """True unless the request carries an Origin from another host than the one it was sent to.
+def request_scheme(scope, headers: dict[str, str]) -> str:
+    """Returns "https" or "http": how the browser reached us, decided as Django's `request.scheme` does.
+
+    Behind a TLS-terminating proxy, settings.SECURE_PROXY_SSL_HEADER (X-Forwarded-Proto in production)
+    decides when present; otherwise the connection's own scheme (uvicorn applies X-Forwarded-Proto from
+    the proxies it trusts, --forwarded-allow-ips).
+    """
+    proxy_header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if proxy_header:
+        meta_name, secure_value = proxy_header
+        value = headers.get(meta_name.removeprefix("HTTP_").replace("_", "-").lower())
+        if value is not None:
+            return "https" if value.split(",", 1)[0].strip() == secure_value else "http"
+    return "https" if scope.get("scheme") in ("https", "wss") else "http"
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_of(scheme: str, netloc: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) with the port made explicit, or None when `netloc` cannot be read."""
+    try:
+        parts = urlsplit(f"{scheme}://{netloc}")
+        if not parts.hostname or parts.username is not None or parts.password is not None:
+            return None
+        return scheme, parts.hostname.lower(), parts.port or DEFAULT_PORTS[scheme]
+    except (ValueError, KeyError):
+        return None
+
+
+def origin_allowed(scope, headers: dict[str, str]) -> bool:
+    """True unless the request carries an Origin other than the one it was sent to: scheme, host, port.
 
     Browsers send Origin on websocket handshakes and on every POST/PUT/PATCH/DELETE, so this is what
     stops another site (or, in subdomain mode, another instance's origin) from driving a kernel with
-    the user's cookies. Requests without Origin (curl, scripts) carry no ambient browser authority.
+    the user's cookies. The scheme counts: behind TLS, a page on http:// with the same host name (which
+    a network attacker can inject into any plain-http response) is another origin. A malformed or
+    "null" Origin is refused. Requests without Origin (curl, scripts) carry no ambient browser authority.
     """
     origin = headers.get("origin")
     if origin is None:
         return True
-    host = headers.get("host", "")
-    return origin != "null" and urlsplit(origin).netloc.lower() == host.lower()
+    try:
+        claimed = urlsplit(origin.strip())
+    except ValueError:
+        return False
+    if claimed.scheme not in DEFAULT_PORTS or claimed.path or claimed.query or claimed.fragment:
+        return False
+    sender = _origin_of(claimed.scheme, claimed.netloc)
+    receiver = _origin_of(request_scheme(scope, headers), headers.get("host", ""))
+    return sender is not None and sender == receiver
 
 
 def _safe_set_cookie(value: str, path_prefix: str) -> bool:

@@ -83,6 +83,14 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.db.DatabaseCache",
         "LOCATION": "devcloud_ratelimit_cache",
     },
+    # Spent JupyterLab tickets (each opens a lab once), shared by every web process; see docs/gateway.md.
+    "gateway": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "devcloud_gateway_cache",
+        # Past this many rows the expired ones are deleted. An entry lives 150 seconds, so only more than
+        # 10,000 lab openings in that time would cull live ones (a ticket spent twice, by its browser).
+        "OPTIONS": {"MAX_ENTRIES": 10_000},
+    },
 }
 RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_VIEW = "portal.accounts.views.rate_limited"
@@ -220,6 +228,8 @@ DEVCLOUD_LOCAL_ROOT = env("DEVCLOUD_LOCAL_ROOT", default=str(BASE_DIR / "var"))
 GATEWAY_LAB_URL = env("GATEWAY_LAB_URL", default="")
 # Shared secret nginx sends as X-DevCloud-Gateway-Secret to /instances/<uuid>/auth; empty = off.
 GATEWAY_AUTH_SECRET = env("GATEWAY_AUTH_SECRET", default="")
+# The lab host's sign-in cookie (subdomain mode); production gives it the `__Host-` prefix.
+GATEWAY_LAB_COOKIE_NAME = "devcloud_lab"
 # A launch needs at least this many minutes of credit at its size, after what the user's other live
 # instances will burn in the same window.
 LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)

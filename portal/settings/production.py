@@ -16,6 +16,13 @@ SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
+# `__Host-` names: a browser keeps such a cookie only when it is Secure, has Path=/ and no Domain, so code
+# on a lab subdomain cannot plant one for the portal or for another lab (cookie tossing). Renaming the
+# session cookie signs everybody out once. Keep SESSION_COOKIE_DOMAIN, CSRF_COOKIE_DOMAIN and the paths
+# at their defaults (None, "/"): the browser would drop the cookies otherwise.
+SESSION_COOKIE_NAME = "__Host-sessionid"
+CSRF_COOKIE_NAME = "__Host-csrftoken"
+GATEWAY_LAB_COOKIE_NAME = "__Host-devcloud_lab"
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)

@@ -266,3 +266,75 @@ class EchoWebsocketUpstream:
 
     def __exit__(self, *exc):
         self.server.shutdown()
+
+
+def lab_host(instance_id) -> str:
+    """The lab's own host in subdomain mode, as the tests configure GATEWAY_LAB_URL."""
+    return f"{instance_id}.lab.example.com"
+
+
+def _hop(portal_server, url: str, cookies: dict[str, str], headers: dict | None = None) -> httpx.Response:
+    """One GET as a browser sends it to `url`'s host, delivered to the gateway with that Host header."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    sent = {**HTML, **(headers or {})}
+    if parts.netloc:
+        sent["Host"] = parts.netloc
+    if cookies:
+        sent["Cookie"] = "; ".join(f"{name}={value}" for name, value in cookies.items())
+    with httpx.Client(base_url=portal_server.url, follow_redirects=False, timeout=30) as hop:
+        return hop.get(urlunsplit(("", "", parts.path, parts.query, "")), headers=sent)
+
+
+def remember_cookies(jar: dict[str, str], response: httpx.Response) -> None:
+    """Updates `jar` with the response's Set-Cookie headers as a browser would (Max-Age=0 deletes)."""
+    from http.cookies import SimpleCookie
+
+    for header in response.headers.get_list("set-cookie"):
+        parsed = SimpleCookie()
+        parsed.load(header)
+        for name, morsel in parsed.items():
+            if morsel["max-age"] in ("0", 0) or (morsel["expires"] and "1970" in morsel["expires"]):
+                jar.pop(name, None)
+            else:
+                jar[name] = morsel.value
+
+
+def open_until_ticket(portal_server, session_key: str | None, instance_id, lab_cookies=None):
+    """Clicks "Open JupyterLab" as a browser holding `session_key` on the portal and `lab_cookies` on the
+    lab host, following redirects between the two hosts until one carries a ticket.
+
+    Returns (the redeem URL with the ticket, the cookies this browser now holds on the lab host).
+    """
+    from urllib.parse import urljoin, urlsplit
+
+    lab_cookies = dict(lab_cookies or {})
+    portal_cookies = {settings.SESSION_COOKIE_NAME: session_key} if session_key else {}
+    url = f"{portal_server.url}/instances/{instance_id}/open"
+    for _ in range(6):
+        on_lab_host = urlsplit(url).netloc == lab_host(instance_id)
+        response = _hop(portal_server, url, lab_cookies if on_lab_host else portal_cookies)
+        if on_lab_host:
+            remember_cookies(lab_cookies, response)
+        assert response.status_code == 302, (url, response.status_code, response.text[:300])
+        url = urljoin(url, response.headers["location"])
+        if "ticket=" in url:
+            return url, lab_cookies
+    raise AssertionError(f"no ticket after six redirects (last: {url})")
+
+
+def redeem_ticket(portal_server, url: str, lab_cookies: dict[str, str]) -> httpx.Response:
+    """The browser holding `lab_cookies` on the lab host follows a redeem URL; its jar is updated."""
+    response = _hop(portal_server, url, lab_cookies)
+    remember_cookies(lab_cookies, response)
+    return response
+
+
+def enter_lab(portal_server, session_key: str, instance_id) -> dict[str, str]:
+    """The whole "Open JupyterLab" handshake in subdomain mode; returns the browser's lab-host cookies."""
+    url, lab_cookies = open_until_ticket(portal_server, session_key, instance_id)
+    response = redeem_ticket(portal_server, url, lab_cookies)
+    assert response.status_code == 302, response.text[:300]
+    assert response.headers["location"] == lab_url(instance_id)
+    return lab_cookies

@@ -70,8 +70,9 @@ def test_it_hides_the_endpoint_from_anyone_without_the_secret(
 ):
     response = auth_request(portal_server, session_cookie_for(client, alice), alice_lab.id, secret=presented)
 
-    assert response.status_code == 404
-    assert alice_lab.jupyter_token not in repr(response.headers)
+    assert response.status_code == 403
+    assert "x-devcloud-upstream" not in response.headers
+    assert alice_lab.jupyter_token not in repr(response.headers) + response.text
 
 
 def test_it_is_off_when_no_secret_is_configured(client, alice, alice_lab, settings, portal_server):
@@ -80,3 +81,69 @@ def test_it_is_off_when_no_secret_is_configured(client, alice, alice_lab, settin
     response = auth_request(portal_server, session_cookie_for(client, alice), alice_lab.id, secret="")
 
     assert response.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "presented",
+    [
+        "nginx-shared-secret-for-tésts".encode(),  # non-ASCII bytes, UTF-8
+        b"\xff\xfe\x80 not even utf-8",
+        SECRET.encode() + b"\xe9",
+    ],
+)
+def test_it_answers_403_not_500_to_a_non_ascii_secret(
+    client, alice, alice_lab, gateway_secret, portal_server, presented
+):
+    with browser(portal_server, session_cookie_for(client, alice)) as attacker:
+        response = attacker.get(
+            f"/instances/{alice_lab.id}/auth", headers={"X-DevCloud-Gateway-Secret": presented}
+        )
+
+    assert response.status_code == 403
+    assert "x-devcloud-token" not in response.headers
+    assert alice_lab.jupyter_token not in response.text
+
+
+def test_it_refuses_an_http_origin_when_the_lab_is_served_over_https(
+    client, alice, alice_lab, gateway_secret, portal_server
+):
+    # nginx terminates TLS and says so with X-Forwarded-Proto; a page on plain http:// (an attacker on the
+    # network can inject one) is another origin, even on the same host name.
+    host = "lab.example.test"
+    with browser(portal_server, session_cookie_for(client, alice)) as nginx:
+        same = nginx.get(
+            f"/instances/{alice_lab.id}/auth",
+            headers={
+                "X-DevCloud-Gateway-Secret": SECRET,
+                "Host": host,
+                "X-Forwarded-Proto": "https",
+                "Origin": f"https://{host}",
+            },
+        )
+        downgraded = nginx.get(
+            f"/instances/{alice_lab.id}/auth",
+            headers={
+                "X-DevCloud-Gateway-Secret": SECRET,
+                "Host": host,
+                "X-Forwarded-Proto": "https",
+                "Origin": f"http://{host}",
+            },
+        )
+
+    assert same.status_code == 204
+    assert downgraded.status_code == 403
+    assert downgraded.headers["x-devcloud-status"] == "403"
+    assert "x-devcloud-token" not in downgraded.headers
+
+
+def test_it_tells_nginx_which_cookies_the_instance_may_see(
+    client, alice, alice_lab, gateway_secret, portal_server
+):
+    session_key = session_cookie_for(client, alice)
+    with browser(portal_server, session_key) as nginx:
+        nginx.cookies.set("_xsrf", "lab-own")
+        nginx.cookies.set("devcloud_lab_handshake", "handshake-value")
+        response = nginx.get(f"/instances/{alice_lab.id}/auth", headers={"X-DevCloud-Gateway-Secret": SECRET})
+
+    assert response.status_code == 204
+    assert response.headers["x-devcloud-cookie"] == "_xsrf=lab-own"

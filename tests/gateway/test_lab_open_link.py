@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from portal.gateway import tickets
 from portal.instances.models import Instance
 
-from .helpers import HTML, browser, session_cookie_for, ws_connect
+from .helpers import HTML, browser, lab_host, open_until_ticket, redeem_ticket, session_cookie_for, ws_connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,11 +29,14 @@ def open_lab(portal_server, session_key, instance_id):
         return some_browser.get(f"/instances/{instance_id}/open", headers=HTML)
 
 
-def redeem(portal_server, location):
+def ticket_for(portal_server, session_key, instance_id):
+    """Follows "Open JupyterLab" up to the ticket; returns (redeem URL, the browser's lab-host cookies)."""
+    return open_until_ticket(portal_server, session_key, instance_id)
+
+
+def redeem(portal_server, location, lab_cookies=None):
     """Follows the redirect to the lab host as nginx would pass it on: path and query unchanged."""
-    parts = urlsplit(location)
-    with browser(portal_server) as lab_host:
-        return lab_host.get(f"{parts.path}?{parts.query}", headers={**HTML, "Host": parts.netloc})
+    return redeem_ticket(portal_server, location, {} if lab_cookies is None else lab_cookies)
 
 
 def auth_with_lab_cookie(portal_server, instance_id, lab_cookie):
@@ -42,18 +45,25 @@ def auth_with_lab_cookie(portal_server, instance_id, lab_cookie):
             f"/instances/{instance_id}/auth",
             headers={
                 "X-DevCloud-Gateway-Secret": SECRET,
-                "Cookie": f"{tickets.LAB_COOKIE_NAME}={lab_cookie}",
+                "Cookie": f"{tickets.lab_cookie_name()}={lab_cookie}",
             },
         )
 
 
 def lab_cookie_from(response) -> str:
-    (set_cookie,) = response.headers.get_list("set-cookie")
+    (set_cookie,) = [
+        c for c in response.headers.get_list("set-cookie") if c.startswith(f"{tickets.lab_cookie_name()}=")
+    ]
     name, _, rest = set_cookie.partition("=")
-    assert name == tickets.LAB_COOKIE_NAME
     assert "HttpOnly" in set_cookie and "Path=/" in set_cookie and "SameSite=Lax" in set_cookie
     assert "Domain" not in set_cookie
     return rest.split(";")[0]
+
+
+def entered(portal_server, session_key, instance_id):
+    """The whole handshake; returns the redeem response (it carries the lab cookie)."""
+    location, lab_cookies = ticket_for(portal_server, session_key, instance_id)
+    return redeem(portal_server, location, lab_cookies)
 
 
 def test_it_opens_the_lab_path_on_this_host_in_path_mode(client, alice, alice_lab, portal_server):
@@ -81,23 +91,26 @@ def test_it_hands_the_owner_to_the_lab_subdomain_with_a_ticket(
     client, alice, alice_lab, portal_server, subdomain_mode
 ):
     session_key = session_cookie_for(client, alice)
-    response = open_lab(portal_server, session_key, alice_lab.id)
+    first_hop = open_lab(portal_server, session_key, alice_lab.id)
+    ticket_url, _ = ticket_for(portal_server, session_key, alice_lab.id)
 
-    assert response.status_code == 302
-    location = urlsplit(response.headers["location"])
+    # The portal first sends the browser to the lab host for a handshake cookie, with no ticket yet.
+    assert first_hop.status_code == 302
+    first_hop_to = f"https://{lab_host(alice_lab.id)}/instances/{alice_lab.id}/redeem"
+    assert first_hop.headers["location"] == first_hop_to
+    location = urlsplit(ticket_url)
     assert f"{location.scheme}://{location.netloc}" == f"https://{alice_lab.id}.lab.example.com"
     assert location.path == f"/instances/{alice_lab.id}/redeem"
     ticket = parse_qs(location.query)["ticket"][0]
     # The ticket is encrypted: neither the session key nor the Jupyter token can be read from the URL.
-    assert session_key not in ticket and alice_lab.jupyter_token not in response.headers["location"]
-    assert response.headers["referrer-policy"] == "no-referrer"
+    assert session_key not in ticket and alice_lab.jupyter_token not in ticket_url
+    assert first_hop.headers["referrer-policy"] == "no-referrer"
 
 
 def test_it_lets_nginx_in_with_the_lab_cookie_a_ticket_gave(
     client, alice, alice_lab, portal_server, subdomain_mode
 ):
-    opened = open_lab(portal_server, session_cookie_for(client, alice), alice_lab.id)
-    redeemed = redeem(portal_server, opened.headers["location"])
+    redeemed = entered(portal_server, session_cookie_for(client, alice), alice_lab.id)
 
     assert redeemed.status_code == 302
     assert redeemed.headers["location"] == f"/instances/{alice_lab.id}/lab/"
@@ -122,8 +135,7 @@ def test_it_refuses_a_lab_cookie_made_for_another_instance(
         driver_state={"endpoint": "http://127.0.0.1:1"},
         jupyter_token="t",
     )
-    opened = open_lab(portal_server, session_cookie_for(client, alice), other.id)
-    lab_cookie = lab_cookie_from(redeem(portal_server, opened.headers["location"]))
+    lab_cookie = lab_cookie_from(entered(portal_server, session_cookie_for(client, alice), other.id))
 
     assert auth_with_lab_cookie(portal_server, other.id, lab_cookie).status_code == 204
     assert auth_with_lab_cookie(portal_server, alice_lab.id, lab_cookie).status_code == 401
@@ -132,12 +144,15 @@ def test_it_refuses_a_lab_cookie_made_for_another_instance(
 def test_it_refuses_a_ticket_for_another_instance_or_tampered(
     client, alice, alice_lab, portal_server, subdomain_mode
 ):
-    opened = open_lab(portal_server, session_cookie_for(client, alice), alice_lab.id)
-    location = opened.headers["location"]
+    location, lab_cookies = ticket_for(portal_server, session_cookie_for(client, alice), alice_lab.id)
     ticket = parse_qs(urlsplit(location).query)["ticket"][0]
 
-    elsewhere = redeem(portal_server, f"https://x/instances/{uuid.uuid4()}/redeem?ticket={ticket}")
-    tampered = redeem(portal_server, location[:-3] + ("AAA" if not location.endswith("AAA") else "BBB"))
+    elsewhere = redeem(
+        portal_server, f"https://x/instances/{uuid.uuid4()}/redeem?ticket={ticket}", lab_cookies
+    )
+    tampered = redeem(
+        portal_server, location[:-3] + ("AAA" if not location.endswith("AAA") else "BBB"), lab_cookies
+    )
 
     for response in (elsewhere, tampered):
         assert response.status_code == 403
@@ -147,10 +162,10 @@ def test_it_refuses_a_ticket_for_another_instance_or_tampered(
 
 
 def test_it_refuses_an_expired_ticket(client, alice, alice_lab, portal_server, subdomain_mode, monkeypatch):
-    opened = open_lab(portal_server, session_cookie_for(client, alice), alice_lab.id)
+    location, lab_cookies = ticket_for(portal_server, session_cookie_for(client, alice), alice_lab.id)
     monkeypatch.setattr(tickets, "TICKET_SECONDS", -1)
 
-    response = redeem(portal_server, opened.headers["location"])
+    response = redeem(portal_server, location, lab_cookies)
 
     assert response.status_code == 403
     assert "set-cookie" not in response.headers
@@ -158,10 +173,10 @@ def test_it_refuses_an_expired_ticket(client, alice, alice_lab, portal_server, s
 
 def test_it_sends_a_stale_ticket_back_to_the_portal(client, alice, alice_lab, portal_server, subdomain_mode):
     # Stopped after the ticket was issued: the portal's /open page says so on the portal's own host.
-    opened = open_lab(portal_server, session_cookie_for(client, alice), alice_lab.id)
+    location, lab_cookies = ticket_for(portal_server, session_cookie_for(client, alice), alice_lab.id)
     Instance.objects.filter(id=alice_lab.id).update(state=Instance.State.STOPPED)
 
-    response = redeem(portal_server, opened.headers["location"])
+    response = redeem(portal_server, location, lab_cookies)
 
     assert response.status_code == 302
     assert response.headers["location"] == f"{django_settings.SITE_URL}/instances/{alice_lab.id}/open"
@@ -187,14 +202,12 @@ def test_it_serves_no_lab_on_the_portal_host_in_subdomain_mode(
 
 def test_it_proxies_the_lab_host_with_the_lab_cookie(client, alice, alice_lab, portal_server, subdomain_mode):
     # Without nginx's auth_request, the lab host can be passed to the gateway whole (docs/gateway.md).
-    opened = open_lab(portal_server, session_cookie_for(client, alice), alice_lab.id)
-    lab_cookie = lab_cookie_from(redeem(portal_server, opened.headers["location"]))
-    lab_host = f"{alice_lab.id}.lab.example.com"
+    lab_cookie = lab_cookie_from(entered(portal_server, session_cookie_for(client, alice), alice_lab.id))
 
     with browser(portal_server) as lab_browser:
         response = lab_browser.get(
             f"/instances/{alice_lab.id}/lab/api/status",
-            headers={"Host": lab_host, "Cookie": f"{tickets.LAB_COOKIE_NAME}={lab_cookie}"},
+            headers={"Host": lab_host(alice_lab.id), "Cookie": f"{tickets.lab_cookie_name()}={lab_cookie}"},
         )
 
     assert response.status_code == 200

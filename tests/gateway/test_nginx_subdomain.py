@@ -23,7 +23,15 @@ from django.conf import settings as django_settings
 
 from portal.gateway import tickets
 
-from .helpers import HTML, RecordingUpstream, free_port, make_instance, session_cookie_for, wait_until
+from .helpers import (
+    HTML,
+    RecordingUpstream,
+    free_port,
+    make_instance,
+    remember_cookies,
+    session_cookie_for,
+    wait_until,
+)
 from .test_lab_kernel import execute_request, stream_output
 
 pytestmark = [
@@ -138,22 +146,30 @@ def via_nginx(
 
 
 def enter_lab(nginx, client, user, instance) -> str:
-    """Clicks "Open JupyterLab" on the portal host and follows the ticket; returns the lab cookie."""
+    """Clicks "Open JupyterLab" on the portal host and follows the handshake between the portal and the
+    lab host, as a browser with a cookie jar per host would; returns the lab cookie."""
     session_key = session_cookie_for(client, user)
-    opened = via_nginx(
-        nginx,
-        "portal.example.com",
-        f"/instances/{instance.id}/open",
-        cookies={django_settings.SESSION_COOKIE_NAME: session_key},
-        headers=HTML,
-    )
-    assert opened.status_code == 302, opened.text
-    location = urlsplit(opened.headers["location"])
-    assert location.netloc == f"{instance.id}.lab.example.com"
-    redeemed = via_nginx(nginx, location.netloc, f"{location.path}?{location.query}", headers=HTML)
-    assert redeemed.status_code == 302, redeemed.text
-    assert redeemed.headers["location"] == f"/instances/{instance.id}/lab/"
-    return redeemed.cookies[tickets.LAB_COOKIE_NAME]
+    portal_cookies = {django_settings.SESSION_COOKIE_NAME: session_key}
+    lab_cookies: dict[str, str] = {}
+    url = f"https://portal.example.com/instances/{instance.id}/open"
+    for _ in range(6):
+        location = urlsplit(url)
+        on_lab_host = location.netloc == lab_host(instance)
+        # SITE_URL in tests is not portal.example.com; anything but the lab host is the portal here.
+        response = via_nginx(
+            nginx,
+            location.netloc if on_lab_host else "portal.example.com",
+            f"{location.path}?{location.query}" if location.query else location.path,
+            cookies=lab_cookies if on_lab_host else portal_cookies,
+            headers=HTML,
+        )
+        assert response.status_code == 302, response.text
+        if on_lab_host:
+            remember_cookies(lab_cookies, response)
+        url = response.headers["location"]
+        if url == f"/instances/{instance.id}/lab/":
+            return lab_cookies[tickets.lab_cookie_name()]
+    raise AssertionError(f"the handshake did not end in the lab (last: {url})")
 
 
 def lab_host(instance) -> str:
@@ -164,7 +180,7 @@ def test_it_opens_jupyterlab_on_its_subdomain_without_the_token(
     client, alice, alice_lab, nginx, subdomain_mode
 ):
     lab_cookie = enter_lab(nginx, client, alice, alice_lab)
-    cookies = {tickets.LAB_COOKIE_NAME: lab_cookie}
+    cookies = {tickets.lab_cookie_name(): lab_cookie}
 
     status = via_nginx(
         nginx, lab_host(alice_lab), f"/instances/{alice_lab.id}/lab/api/status", cookies=cookies
@@ -181,7 +197,7 @@ def test_it_opens_jupyterlab_on_its_subdomain_without_the_token(
 
 def test_it_runs_a_kernel_over_the_subdomain_websocket(client, alice, alice_lab, nginx, subdomain_mode):
     lab_cookie = enter_lab(nginx, client, alice, alice_lab)
-    cookies = {tickets.LAB_COOKIE_NAME: lab_cookie}
+    cookies = {tickets.lab_cookie_name(): lab_cookie}
     origin = f"https://{lab_host(alice_lab)}:{nginx}"
     created = via_nginx(
         nginx,
@@ -199,7 +215,7 @@ def test_it_runs_a_kernel_over_the_subdomain_websocket(client, alice, alice_lab,
         f"wss://127.0.0.1:{nginx}/instances/{alice_lab.id}/lab/api/kernels/{kernel_id}/channels",
         host=f"{lab_host(alice_lab)}:{nginx}",
         origin=origin,
-        cookie=f"{tickets.LAB_COOKIE_NAME}={lab_cookie}",
+        cookie=f"{tickets.lab_cookie_name()}={lab_cookie}",
         sslopt={"cert_reqs": ssl.CERT_NONE},
         timeout=30,
     )
@@ -233,7 +249,7 @@ def test_it_refuses_a_websocket_from_another_lab_origin(client, alice, alice_lab
         nginx,
         f"{lab_host(alice_lab)}:{nginx}",
         f"/instances/{alice_lab.id}/lab/api/events/subscribe",
-        cookies={tickets.LAB_COOKIE_NAME: lab_cookie},
+        cookies={tickets.lab_cookie_name(): lab_cookie},
         headers={**handshake, "Origin": f"https://{uuid.uuid4()}.lab.example.com"},
     )
 
@@ -259,7 +275,7 @@ def test_it_keeps_one_lab_cookie_out_of_another_lab(
         nginx,
         lab_host(alice_lab),
         f"/instances/{alice_lab.id}/lab/api/status",
-        cookies={tickets.LAB_COOKIE_NAME: bob_cookie},
+        cookies={tickets.lab_cookie_name(): bob_cookie},
     )
 
     assert response.status_code == 302
@@ -272,18 +288,28 @@ def test_it_never_passes_the_lab_cookie_to_the_instance(client, alice, image, ng
             alice, image, endpoint=upstream.endpoint, token="t0ken-for-recording", instance_id=instance_id
         )
         lab_cookie = enter_lab(nginx, client, alice, instance)
+        name = tickets.lab_cookie_name()
         response = via_nginx(
             nginx,
             lab_host(instance),
             f"/instances/{instance_id}/lab/api/status",
-            cookies={"_xsrf": "lab-own", tickets.LAB_COOKIE_NAME: lab_cookie, "theme": "dark"},
+            cookies={"_xsrf": "lab-own", name: lab_cookie, "theme": "dark"},
+        )
+        # The instance's own code can set a second cookie of that name with a longer path; the browser
+        # then sends both, and the real one must not ride upstream behind the planted one.
+        twice = via_nginx(
+            nginx,
+            lab_host(instance),
+            f"/instances/{instance_id}/lab/api/status",
+            headers={"Cookie": f"{name}=planted; _xsrf=lab-own; {name}={lab_cookie}"},
         )
 
-    assert response.status_code == 200
-    (seen,) = upstream.requests
-    assert lab_cookie not in repr(seen)
-    assert seen["cookies"] == ["_xsrf=lab-own; theme=dark"]
-    assert seen["headers"]["authorization"] == "token t0ken-for-recording"
+    assert response.status_code == twice.status_code == 200
+    first, second = upstream.requests
+    assert lab_cookie not in repr(first) + repr(second)
+    assert first["cookies"] == ["_xsrf=lab-own; theme=dark"]
+    assert second["cookies"] == ["_xsrf=lab-own"]
+    assert second["headers"]["authorization"] == "token t0ken-for-recording"
 
 
 def test_it_serves_no_lab_routes_on_the_portal_host(client, alice, alice_lab, nginx, subdomain_mode):
