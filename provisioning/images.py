@@ -28,7 +28,7 @@ from portal.lib.tasks import publish
 from . import services
 from .drivers.base import DriverError
 from .drivers.docker import DockerDriver
-from .models import GpuHost, ImageJob
+from .models import GpuHost, HostImage, ImageJob
 
 # Lines of build or pull output kept on a job, and the longest line kept.
 PROGRESS_LINES = 20
@@ -84,11 +84,24 @@ def host_images(host: GpuHost) -> HostImages:
     except DriverError as error:
         return HostImages(error=error.message)
     catalogue = list(Image.objects.filter(is_enabled=True))
+    host_images_record(host=host, references=[image.reference for image in catalogue], present=tags)
     rows = [HostImageRow(image=image, present=image.reference in tags) for image in catalogue]
     named = {image.reference for image in catalogue}
     repositories = {_repository(reference) for reference in named}
     unlisted = sorted(tag for tag in tags if _repository(tag) in repositories and tag not in named)
     return HostImages(rows=rows, unlisted=unlisted)
+
+
+def host_images_record(*, host: GpuHost, references, present) -> None:
+    """Remember which of `references` the host's engine has (those also in `present`), as of now.
+
+    Placement and the launch page read these rows instead of asking every engine on every page.
+    """
+    now = timezone.now()
+    for reference in references:
+        HostImage.objects.update_or_create(
+            host=host, reference=reference, defaults={"present": reference in present, "checked_at": now}
+        )
 
 
 def _repository(reference: str) -> str:
@@ -246,6 +259,7 @@ def image_job_run(*, job_id: int, host_id: int, image_key: str, resume: bool = F
             progress_text=progress.text,
         )
     progress(f"{job.reference}: {outcome}")
+    host_images_record(host=job.host, references=[job.reference], present={job.reference})
     return _finish(
         job_id, state=ImageJob.State.DONE, outcome=outcome, percent=100, progress_text=progress.text
     )

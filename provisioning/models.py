@@ -30,6 +30,10 @@ class GpuHost(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # True for a machine without AMD GPUs that `make run` registers with a KFD topology copied from a real
+    # MI300X host and stand-in device nodes: launches work end to end, but no program sees a real GPU.
+    # Every page that shows such a host or its instances says so.
+    is_simulated = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]
@@ -119,3 +123,25 @@ class ImageJob(models.Model):
 
     def __str__(self):
         return f"{self.reference} on {self.host.name} ({self.state})"
+
+
+class HostImage(models.Model):
+    """Whether a host's engine had an image reference when it was last looked at.
+
+    Written when an image job finishes, when the console checks a host's images, and when `make run`
+    prepares this machine. Hosts without any row have never been looked at: their images are unknown,
+    not missing, so nothing is refused on their account.
+    """
+
+    host = models.ForeignKey(GpuHost, on_delete=models.CASCADE, related_name="host_images")
+    reference = models.CharField(max_length=200)
+    present = models.BooleanField(default=False)
+    checked_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["host", "reference"], name="provisioning_hostimage_unique"),
+        ]
+
+    def __str__(self):
+        return f"{self.reference} on {self.host.name}: {'present' if self.present else 'missing'}"

@@ -1,11 +1,12 @@
-"""Reads about GPU hosts: capacity per host, and which instance holds which GPU."""
+"""Reads about GPU hosts: capacity per host, which instance holds which GPU, and which images the hosts in
+service can start."""
 
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Count, FilteredRelation, Q, QuerySet
 
-from .models import Gpu, GpuAllocation, GpuHost
+from .models import Gpu, GpuAllocation, GpuHost, HostImage, ImageJob
 
 
 def hosts_with_usage() -> QuerySet:
@@ -55,3 +56,58 @@ def live_gpus_of(instance) -> list[Gpu]:
         .select_related("host")
         .order_by("node_id")
     )
+
+
+@dataclass(frozen=True)
+class ImageAvailability:
+    """Whether a catalogue image can start on a host in service.
+
+    `state` is "ready" (a host in service has it), "preparing" (a build or pull for such a host is under
+    way; `percent` says how far, when known), "missing" (every host in service that was looked at lacks
+    it) or "unknown" (no host in service was ever looked at, so nothing is refused on that account).
+    """
+
+    state: str
+    percent: int | None = None
+    host_name: str = ""
+
+    @property
+    def launchable(self) -> bool:
+        return self.state in ("ready", "unknown")
+
+
+def in_service_hosts() -> QuerySet:
+    """Hosts that take new placements."""
+    return GpuHost.objects.filter(state=GpuHost.State.ACTIVE)
+
+
+def image_availability(references) -> dict[str, ImageAvailability]:
+    """Availability of each Docker reference in `references` on the hosts in service. Two queries."""
+    references = list(references)
+    seen = {}
+    for reference, present in HostImage.objects.filter(
+        host__state=GpuHost.State.ACTIVE, reference__in=references
+    ).values_list("reference", "present"):
+        seen[reference] = seen.get(reference, False) or present
+    jobs = {}
+    for job in ImageJob.objects.filter(
+        host__state=GpuHost.State.ACTIVE, reference__in=references, state__in=ImageJob.ACTIVE_STATES
+    ).select_related("host"):
+        jobs.setdefault(job.reference, job)
+    availability = {}
+    for reference in references:
+        if seen.get(reference):
+            availability[reference] = ImageAvailability("ready")
+        elif reference in jobs:
+            job = jobs[reference]
+            availability[reference] = ImageAvailability("preparing", percent=job.percent, host_name=job.host.name)
+        elif reference in seen:
+            availability[reference] = ImageAvailability("missing")
+        else:
+            availability[reference] = ImageAvailability("unknown")
+    return availability
+
+
+def simulated_hosts_in_service() -> bool:
+    """True when a host in service has simulated GPUs (what `make run` registers on a machine without any)."""
+    return in_service_hosts().filter(is_simulated=True).exists()

@@ -46,6 +46,11 @@ ensure_base() {  # ensure_base REFERENCE SUITE VARIANT ARCH
   fi
   local debootstrap
   debootstrap=$(command -v debootstrap || ls /usr/sbin/debootstrap 2>/dev/null || true)
+  if [ -z "$debootstrap" ] && [ "$(id -u)" -eq 0 ]; then
+    say "debootstrap is missing; installing it with apt"
+    bash scripts/apt-install.sh debootstrap debian-archive-keyring >&2 || true
+    debootstrap=$(command -v debootstrap || ls /usr/sbin/debootstrap 2>/dev/null || true)
+  fi
   [ -n "$debootstrap" ] || die "debootstrap is not installed (Debian/Ubuntu: apt-get install debootstrap debian-archive-keyring)"
   [ "$(id -u)" -eq 0 ] || die "debootstrap needs root to build the base $reference; run this script as root once"
   local rootfs

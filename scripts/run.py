@@ -302,6 +302,95 @@ def prepare_django() -> tuple[str, str]:
     return ADMIN_EMAIL, password
 
 
+def prepare_launching(driver: str):
+    """Make the newcomer's launch work with no operator steps: load the image catalogue, register this
+    machine as a GPU host (simulated when it has no AMD GPUs; see provisioning/localhost.py), and note
+    which catalogue images it can start. Returns (the host, or None when it could not be registered, and
+    the ImageJob of the default image's build when that image has to be built first)."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    from provisioning import localhost
+    from provisioning.drivers.base import DriverError
+    from provisioning.inventory import InventoryError
+    from provisioning.services import HostError
+
+    out = _PrefixedLines()
+    say("run", "loading the image catalogue (containers/catalog.toml)")
+    call_command("sync_images", stdout=out, stderr=out)
+    out.finish()
+    job = None
+    try:
+        local = localhost.local_host_ensure(var_dir=VAR, driver=driver)
+    except (HostError, InventoryError) as error:
+        say("run", f"could not register this machine as a GPU host: {error}")
+        connections.close_all()
+        return None, None
+    for note in local.notes:
+        say("run", note)
+    if local.simulated:
+        say(
+            "run",
+            f"GPU host {local.host.name}: SIMULATED 8x MI300X (no AMD GPU here; stand-in devices under "
+            f"{local.host.dev_root}). Launches work end to end; GPU programs find no GPU.",
+        )
+    else:
+        say("run", f"GPU host {local.host.name}: this machine's real AMD GPUs")
+    try:
+        survey = localhost.local_images_survey(host=local.host, driver=driver)
+    except DriverError as error:
+        say("run", f"could not list the images on this machine's Docker engine: {error.message}")
+        survey = {}
+    missing = localhost.default_image_missing(survey)
+    if missing is not None and driver == "docker":
+        job = localhost.image_job_for_local_build(host=local.host, image=missing)
+        say(
+            "run",
+            f"the {missing.name} image ({missing.reference}) is not built yet: building it in the background "
+            "(first run only, a few minutes). The portal serves meanwhile; the launch page shows how far it got.",
+        )
+    connections.close_all()
+    return local.host, job
+
+
+def print_launch_blockers(url: str) -> None:
+    """Print, with what to do, every operator-side reason that launches cannot go ahead now."""
+    from django.db import connections
+
+    from portal.console.selectors import launch_blockers
+
+    for blocker in launch_blockers():
+        say("run", f"OPERATOR ACTION NEEDED: {blocker.problem} To fix: {blocker.fix} {url.rstrip('/')}{blocker.url}")
+    connections.close_all()
+
+
+def build_in_background(job_id: int, url: str) -> threading.Thread:
+    """Build the default image (scripts/build-images.sh) in a thread, its output behind `build |`."""
+
+    def build():
+        from django.db import connections
+
+        from provisioning import localhost
+
+        try:
+            built = localhost.image_build_locally(
+                job_id=job_id, say=lambda line: say("build", line), python=sys.executable
+            )
+        except Exception as error:  # noqa: BLE001 - the portal keeps serving; say what broke
+            say("build", f"ERROR: the image build broke: {error!r}")
+            built = False
+        finally:
+            connections.close_all()
+        if built:
+            say("run", f"the image is ready: launch at {url}instances/")
+        else:
+            say("run", "ERROR: the image build failed (the lines above say why); launches of it are refused")
+
+    thread = threading.Thread(target=build, name="image-build", daemon=True)
+    thread.start()
+    return thread
+
+
 def without_password(url: str) -> str:
     """The URL with its password replaced by ***, for printing."""
     parts = urlsplit(url)
@@ -360,6 +449,8 @@ def main() -> int:
     env["PYTHONUNBUFFERED"] = "1"
     port = int(env.get("PORT") or 8000)
     url = f"http://127.0.0.1:{port}/"
+    # Links in emails (verification, reset) must lead to this server, whatever port it was given.
+    env.setdefault("SITE_URL", url.rstrip("/"))
     if port_in_use(port):
         fail(
             f"port {port} on 127.0.0.1 is already in use (another `make run`?). "
@@ -407,6 +498,7 @@ def main() -> int:
         os.environ.update(env)
         admin_email, admin_password = prepare_django()
         database_note = without_password(env["DATABASE_URL"])
+        _, build_job = prepare_launching(env["DEVCLOUD_DRIVER"])
 
         # --- The three processes
         python = sys.executable
@@ -438,12 +530,18 @@ def main() -> int:
             f"  Redis:                   {redis_note}",
             f"  Instances:               {driver_note}",
             "  Emails (verification, reset) are printed below by the worker.",
+            "",
+            f"  Try it: open {url}, Sign up, open the link printed in the email",
+            "  below, then Instances > Launch > Open JupyterLab. Stop it when done.",
             "  Press Ctrl-C to stop everything.",
             "=" * 72,
             "",
         ]
         for line in banner:
             say("run", line)
+        print_launch_blockers(url)
+        if build_job is not None:
+            build_in_background(build_job.pk, url)
 
         while True:
             raise_if_dead(children)

@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from portal.credits.models import GPU_SECONDS_PER_HOUR
+from provisioning.models import GpuHost
 
 from . import charts, selectors
 from .timeranges import BUCKET_STEPS, TimeRange
@@ -332,4 +333,9 @@ def build(time_range: TimeRange) -> dict:
         wait_panel(time_range),
         top_users_panel(time_range),
     ]
-    return {"figures": figures(time_range, flow), "panels": panels}
+    return {
+        "figures": figures(time_range, flow),
+        "panels": panels,
+        "blockers": selectors.launch_blockers(),
+        "simulated_hosts": list(GpuHost.objects.filter(is_simulated=True).exclude(state=GpuHost.State.RETIRED)),
+    }

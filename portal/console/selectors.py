@@ -291,3 +291,57 @@ def top_burners(time_range: TimeRange, *, limit: int = 10) -> list[Burner]:
         for row in rows
         if row["spent"] < 0
     ]
+
+
+# --- what keeps everyone from launching ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchBlocker:
+    """A reason launches cannot go ahead that only an operator can remove: what is wrong, what to do, and
+    the console page where it is done."""
+
+    problem: str
+    fix: str
+    url: str
+
+
+def launch_blockers() -> list[LaunchBlocker]:
+    """Every operator-side reason a launch cannot go ahead now, most basic first. A few queries."""
+    from django.urls import reverse
+
+    from portal.instances.models import Image
+    from provisioning.selectors import image_availability, in_service_hosts
+
+    hosts_url = reverse("admin:provisioning_gpuhost_changelist")
+    images_url = reverse("admin:instances_image_changelist")
+    blockers = []
+    images = list(Image.objects.filter(is_enabled=True))
+    if not images:
+        blockers.append(
+            LaunchBlocker(
+                problem="No image is enabled, so nobody can launch.",
+                fix="Load the catalogue with `manage.py sync_images`, then enable an image.",
+                url=images_url,
+            )
+        )
+    if not in_service_hosts().exists():
+        blockers.append(
+            LaunchBlocker(
+                problem="No GPU host is in service, so launches wait in the queue.",
+                fix="Add a GPU host, or reactivate a drained one.",
+                url=hosts_url,
+            )
+        )
+    availability = image_availability(image.reference for image in images)
+    for image in images:
+        if availability[image.reference].state == "missing":
+            blockers.append(
+                LaunchBlocker(
+                    problem=f"The {image.name} image ({image.reference}) is on no GPU host in service, so "
+                    "its launches are refused.",
+                    fix="Build or pre-pull it from a host's page, or switch the image off in the catalogue.",
+                    url=hosts_url,
+                )
+            )
+    return blockers

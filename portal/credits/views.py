@@ -13,8 +13,9 @@ from .forms import BonusApplyForm
 from .models import hours
 
 
-@login_required
 def dashboard(request):
+    if not request.user.is_authenticated:
+        return _front_page(request)
     balance = selectors.balance_for(request.user)
     program = selectors.current_signup_program()
     return render(
@@ -28,6 +29,24 @@ def dashboard(request):
             "application_counts": selectors.application_counts_for(request.user),
             "signup_grant_hours": hours(program.gpu_seconds) if program else None,
             "credits_notice": credits_exhausted_notice(request.user),
+        },
+    )
+
+
+def _front_page(request):
+    """What a logged-out visitor sees at /: what DevCloud is, in one screen, with Sign up and Log in."""
+    from portal.instances.models import Image
+    from portal.instances.sizes import SIZES
+
+    program = selectors.current_signup_program()
+    return render(
+        request,
+        "front.html",
+        {
+            "signup_grant_hours": hours(program.gpu_seconds) if program else None,
+            "bonus_cap_hours": settings.BONUS_CAP_GPU_HOURS,
+            "sizes": list(SIZES.values()),
+            "images": list(Image.objects.filter(is_enabled=True)),
         },
     )
 

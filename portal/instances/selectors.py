@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from portal.credits.models import GPU_SECONDS_PER_HOUR, CreditAccount, hours
 from portal.gateway import open_path
+from provisioning.selectors import image_availability, in_service_hosts, simulated_hosts_in_service
 
 from . import entitlements
 from .models import Image, Instance, LaunchPolicy
@@ -169,6 +170,19 @@ class LaunchOptions:
     live_limit: int
     # The suspended account's notice ('' when not suspended): nothing can be launched then.
     suspension: str = ""
+    # A host in service has simulated GPUs (`make run` on a machine without AMD GPUs).
+    simulated: bool = False
+    # No GPU host is in service: a launch would wait in the queue until an operator adds one.
+    no_host: bool = False
+
+    @property
+    def preparing(self) -> list[Image]:
+        """Images being built or pulled onto a host in service right now."""
+        return [image for image in self.images if image.availability.state == "preparing"]
+
+    @property
+    def launchable_images(self) -> list[Image]:
+        return [image for image in self.images if image.availability.launchable]
 
     @property
     def balance_hours(self) -> str:
@@ -185,6 +199,7 @@ class LaunchOptions:
             and self.verified
             and self.live_count < self.live_limit
             and any(o.can_launch for o in self.sizes)
+            and bool(self.launchable_images)
         )
 
     @property
@@ -199,7 +214,30 @@ class LaunchOptions:
         if not any(o.can_launch for o in self.sizes):
             cheapest = min(self.sizes, key=lambda option: option.needed_gpu_seconds)
             return cheapest.refusal
+        if not self.launchable_images:
+            if self.preparing:
+                return image_preparing_message(self.preparing[0])
+            return "No image can start on a GPU host right now. The operators have been told."
         return ""
+
+
+def image_preparing_message(image: Image) -> str:
+    """What the launch page says while `image` is being built or pulled onto a host."""
+    availability = image.availability
+    how_far = f" ({availability.percent}% done)" if availability.percent is not None else ""
+    return (
+        f"The {image.name} image is being prepared on {availability.host_name}{how_far}. This page updates "
+        "itself; you can launch it as soon as it is ready."
+    )
+
+
+def images_with_availability() -> list[Image]:
+    """Enabled images, each with `availability` (provisioning.selectors.ImageAvailability) set."""
+    images = launchable_images()
+    availability = image_availability(image.reference for image in images)
+    for image in images:
+        image.availability = availability[image.reference]
+    return images
 
 
 def launchable_images():
@@ -232,11 +270,13 @@ def launch_options(user, *, now: datetime | None = None) -> LaunchOptions:
         balance_gpu_seconds=balance,
         committed_gpu_seconds=committed,
         sizes=options,
-        images=launchable_images(),
+        images=images_with_availability(),
         verified=user.email_verified,
         live_count=live_count,
         live_limit=policy.max_live_instances,
         suspension=user.suspension_notice,
+        simulated=simulated_hosts_in_service(),
+        no_host=not in_service_hosts().exists(),
     )
 
 
@@ -283,6 +323,14 @@ def queue_position(instance: Instance) -> int | None:
     from provisioning import scheduler
 
     return scheduler.queue_position(instance)
+
+
+def runs_on_simulated_gpus(instance: Instance) -> bool:
+    """True when the instance's host has simulated GPUs, or, before it has a host, when a host in service
+    does (where it will most likely land)."""
+    if instance.host_id is not None:
+        return instance.host.is_simulated
+    return simulated_hosts_in_service()
 
 
 def lab_url(instance: Instance) -> str:

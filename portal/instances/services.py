@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from portal.credits import metering
 from portal.credits.models import CreditAccount
+from provisioning.selectors import image_availability, in_service_hosts
 
 from . import entitlements, selectors
 from .models import Image, Instance, InstanceEvent, LaunchPolicy
@@ -67,6 +68,35 @@ def enqueue(task_name: str, **kwargs) -> bool:
     return True
 
 
+def _refuse_unplaceable(image: Image) -> None:
+    """Refuse an image that no host in service can start, and tell the operators (the log) what to do.
+
+    A launch with no host in service at all is not refused: it waits in the queue, and the operators
+    are told the same way.
+    """
+    if not in_service_hosts().exists():
+        logger.warning(
+            "A launch is waiting because no GPU host is in service. To fix: add a GPU host (or reactivate "
+            "one) in the console at /admin/provisioning/gpuhost/."
+        )
+        return
+    image.availability = image_availability([image.reference])[image.reference]
+    if image.availability.state == "preparing":
+        raise ValidationError(selectors.image_preparing_message(image), code="image")
+    if image.availability.state == "missing":
+        logger.warning(
+            "A launch of %s was refused: %s is on no GPU host in service. To fix: build or pre-pull it from a "
+            "host's page in the console (/admin/provisioning/gpuhost/), or switch it off in the catalogue.",
+            image.key,
+            image.reference,
+        )
+        raise ValidationError(
+            f"The {image.name} image is not on any GPU host yet, so it cannot start. The operators have been "
+            "told; choose another image.",
+            code="image",
+        )
+
+
 def _validate_launch(*, user, size: str, image_key: str, policy: LaunchPolicy):
     """Check everything about a launch that needs no lock. Returns (Size, Image); raises ValidationError."""
     if not user.is_active:
@@ -90,6 +120,7 @@ def _validate_launch(*, user, size: str, image_key: str, policy: LaunchPolicy):
             f"The {image.name} image is switched off by the operators right now. Choose another image.",
             code="image",
         )
+    _refuse_unplaceable(image)
     if size_obj.key not in image.sizes:
         allowed = ", ".join(SIZES[key].name for key in image.sizes if key in SIZES) or "no size"
         raise ValidationError(

@@ -60,7 +60,11 @@ def instance_detail(request, instance_id):
     return render(
         request,
         "instances/detail.html",
-        {"instance": instance, "status": selectors.instance_status(instance)},
+        {
+            "instance": instance,
+            "status": selectors.instance_status(instance),
+            "simulated": selectors.runs_on_simulated_gpus(instance),
+        },
     )
 
 

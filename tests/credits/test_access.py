@@ -59,12 +59,22 @@ def test_it_files_bobs_application_under_bob_only(alices_credits, bob, bob_clien
     assert BonusApplication.objects.filter(user=alices_credits).count() == 2
 
 
-@pytest.mark.parametrize("url", ["/", "/bonus/"])
-def test_it_sends_anonymous_visitors_to_login(client, url):
-    response = client.get(url)
+def test_it_sends_anonymous_visitors_to_login(client):
+    response = client.get("/bonus/")
 
     assert response.status_code == 302
     assert response["Location"].startswith("/accounts/login/?next=")
+
+
+def test_it_shows_anonymous_visitors_what_devcloud_is_with_sign_up_and_log_in_and_no_ledger(client, db):
+    response = client.get("/")
+
+    assert response.status_code == 200
+    assertContains(response, "25.00 free GPU-hours")
+    assertContains(response, "8x MI300X")
+    assertContains(response, 'href="/accounts/signup/"')
+    assertContains(response, 'href="/accounts/login/"')
+    assertNotContains(response, 'data-testid="ledger"')
 
 
 def test_it_files_nothing_for_an_anonymous_post(client, rocm_star):

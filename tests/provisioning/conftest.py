@@ -4,13 +4,10 @@ Other helpers add fixtures here too; keep to the kfd_/host_ prefixes for these.
 """
 
 import datetime
-import grp
 import ipaddress
 import json
 import os
 import ssl
-import stat
-import subprocess
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,13 +21,12 @@ from cryptography.x509.oid import NameOID
 
 from portal.instances.models import Image, Instance
 from provisioning.inventory import read_inventory
+from provisioning.localhost import render_gid, standin_devices_make
 from provisioning.models import Gpu, GpuHost
 
 KFD_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kfd"
 # The render minors of both fixture hosts, as MI300X numbers them.
 MI300X_RENDER_MINORS = [128, 136, 144, 152, 160, 168, 176, 184]
-# Character device numbers of /dev/null: a container can open the stand-in nodes, and nothing happens.
-NULL_DEVICE = os.makedev(1, 3)
 
 
 @pytest.fixture
@@ -46,15 +42,8 @@ def kfd_sysfs_2socket() -> Path:
 
 
 def render_group_gid(name: str = "render") -> int:
-    """gid of the `render` group, created if missing; falls back to `video` if it cannot be created."""
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        pass
-    created = subprocess.run(["groupadd", "--system", name], capture_output=True)
-    if created.returncode == 0:
-        return grp.getgrnam(name).gr_gid
-    return grp.getgrnam("video").gr_gid
+    """gid of the `render` group, created if missing ("video" when it cannot be)."""
+    return render_gid()
 
 
 @dataclass(frozen=True)
@@ -74,19 +63,9 @@ class KfdDevRoot:
 
 
 def make_kfd_dev_root(root: Path, render_minors, *, gid: int | None = None) -> KfdDevRoot:
-    """Create root/dev/kfd and root/dev/dri/renderD<minor> as character devices (1, 3), group-owned, 0660.
-
-    Needs root (mknod). Returns the KfdDevRoot.
-    """
-    gid = render_group_gid() if gid is None else gid
-    dri = root / "dev" / "dri"
-    dri.mkdir(parents=True, exist_ok=True)
-    nodes = [root / "dev" / "kfd"] + [dri / f"renderD{minor}" for minor in render_minors]
-    for node in nodes:
-        if not node.exists():
-            os.mknod(node, stat.S_IFCHR | 0o660, NULL_DEVICE)
-        os.chown(node, 0, gid)
-        os.chmod(node, 0o660)
+    """Create root/dev/kfd and root/dev/dri/renderD<minor> as stand-in nodes, as `make run` does (group-owned,
+    0660, /dev/null's numbers). Needs root (mknod). Returns the KfdDevRoot."""
+    gid = standin_devices_make(root, render_minors, gid=gid)
     return KfdDevRoot(path=root, render_minors=list(render_minors), gid=gid)
 
 
