@@ -134,7 +134,7 @@ def link_expired(headers: dict[str, str]) -> Reply:
         403,
         headers,
         heading="This link has expired",
-        message="The link that opens JupyterLab works only for a few seconds after you click it.",
+        message="The link that opens JupyterLab works once, for a few seconds, in the browser that asked.",
         advice="Open JupyterLab again from your instances page.",
         on_lab_host=True,
     )
