@@ -319,6 +319,13 @@ class GpuHostAdmin(admin.ModelAdmin):
             self.message_user(request, f"Saved, but GPU discovery failed: {error}", messages.WARNING)
         else:
             self.message_user(request, f"Discovered {summary}", messages.SUCCESS)
+        jobs = images.host_images_prefetch(host=obj, actor=request.user)
+        if jobs:
+            self.message_user(
+                request,
+                f"Putting {len(jobs)} catalogue image(s) onto {obj.name}; their progress shows on this host's page.",
+                messages.INFO,
+            )
 
     # --- Change page: images and jobs ---------------------------------------------------------------
 

@@ -162,6 +162,23 @@ def image_jobs_request(*, hosts, image: Image, actor, reason: str = "") -> list[
     return jobs
 
 
+def host_images_prefetch(*, host: GpuHost, actor) -> list[ImageJob]:
+    """Put every enabled catalogue image the host lacks onto it: one job per image (pulled from its
+    registry, or built there when it has a build context and no registry serves it). Returns the jobs;
+    none when the engine did not answer (the host's page says why). Used when a host is added, so its
+    first launches do not wait on a download."""
+    found = host_images(host)
+    if found.error:
+        return []
+    jobs = []
+    for row in found.rows:
+        if not row.present:
+            jobs += image_jobs_request(
+                hosts=[host], image=row.image, actor=actor, reason="A new host gets the catalogue's images."
+            )
+    return jobs
+
+
 def _enqueue(job: ImageJob) -> None:
     from .tasks import ensure_image
 

@@ -7,6 +7,9 @@ Rules (design.md, "Instances"):
   for 8x. Among hosts with equally many GPUs in use, the one with the fewest free GPUs goes first (a host
   with a missing GPU, which can never take an 8x, fills before a whole one), then by name and id.
 - Draining, down and retired hosts get nothing.
+- Images: a host is a candidate only when it has the instance's image, or a pull (an ImageJob) of it is
+  under way there, or its images were never looked at (a host nobody surveyed is not refused on a guess).
+  Hosts that have the image come first, so a launch waits on a pull only when no host has the image.
 
 Allocation is serialised by PostgreSQL, not by a process: the candidate search is one aggregate query,
 the chosen host's row is locked (select_for_update) and its free GPUs re-read under that lock, and the
@@ -28,7 +31,7 @@ from django.utils import timezone
 from portal.instances.models import Instance
 from portal.instances.sizes import SIZES
 
-from .models import Gpu, GpuAllocation, GpuHost
+from .models import Gpu, GpuAllocation, GpuHost, HostImage, ImageJob
 
 GPUS_PER_WHOLE_HOST = 8
 # Hosts fetched per candidate query. Each one is tried under its lock; only when all were taken by
@@ -43,7 +46,18 @@ class SchedulerError(Exception):
     """allocate() was asked for something it can never do (unknown size, an instance that has ended)."""
 
 
-def _candidate_hosts(*, gpus_needed: int, exclude_ids, reserve_whole_hosts: bool):
+def _image_annotations(reference: str) -> dict:
+    """has_image, pulling and surveyed flags of a host for `reference` (see the module's rules)."""
+    return {
+        "has_image": Exists(HostImage.objects.filter(host=OuterRef("pk"), reference=reference, present=True)),
+        "pulling": Exists(
+            ImageJob.objects.filter(host=OuterRef("pk"), reference=reference, state__in=ImageJob.ACTIVE_STATES)
+        ),
+        "surveyed": Exists(HostImage.objects.filter(host=OuterRef("pk"))),
+    }
+
+
+def _candidate_hosts(*, gpus_needed: int, exclude_ids, reserve_whole_hosts: bool, reference: str = ""):
     """Ids of ACTIVE hosts that can take `gpus_needed` GPUs now, best first. One aggregate query.
 
     `free` counts present GPUs without a live allocation. The join to allocations is filtered to live
@@ -62,14 +76,20 @@ def _candidate_hosts(*, gpus_needed: int, exclude_ids, reserve_whole_hosts: bool
         .annotate(present=Count("present_gpus"), used=Count("live"))
         .annotate(free=F("present") - F("used"))
     )
+    image_first = []
+    if reference:
+        hosts = hosts.annotate(**_image_annotations(reference)).filter(
+            Q(has_image=True) | Q(pulling=True) | Q(surveyed=False)
+        )
+        image_first = ["-has_image"]
     if gpus_needed == GPUS_PER_WHOLE_HOST:
-        hosts = hosts.filter(present=GPUS_PER_WHOLE_HOST, used=0).order_by("name", "pk")
+        hosts = hosts.filter(present=GPUS_PER_WHOLE_HOST, used=0).order_by(*image_first, "name", "pk")
     else:
         hosts = hosts.filter(free__gte=gpus_needed)
         if reserve_whole_hosts:
             # An 8x launch is waiting: a host that could take it is not used for a 1x.
             hosts = hosts.exclude(present=GPUS_PER_WHOLE_HOST, used=0)
-        hosts = hosts.order_by("-used", "free", "name", "pk")
+        hosts = hosts.order_by(*image_first, "-used", "free", "name", "pk")
     return list(hosts.values_list("pk", flat=True)[:CANDIDATE_BATCH])
 
 
@@ -111,7 +131,7 @@ def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAlloc
     with transaction.atomic():
         # Locking the instance makes a duplicate call (a redelivered task) wait, then see the first
         # call's allocations instead of allocating twice.
-        instance = Instance.objects.select_for_update().get(pk=instance_id)
+        instance = Instance.objects.select_for_update(of=("self",)).select_related("image").get(pk=instance_id)
         if instance.state not in ALLOCATABLE_STATES:
             raise SchedulerError(
                 f"Instance {instance.short_id} is {instance.state}; only a live launch gets GPUs."
@@ -126,7 +146,10 @@ def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAlloc
         tried = set()
         while True:
             candidates = _candidate_hosts(
-                gpus_needed=size.gpus, exclude_ids=tried, reserve_whole_hosts=reserve_whole_hosts
+                gpus_needed=size.gpus,
+                exclude_ids=tried,
+                reserve_whole_hosts=reserve_whole_hosts,
+                reference=instance.image.reference,
             )
             if not candidates:
                 return None

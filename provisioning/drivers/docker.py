@@ -330,6 +330,14 @@ class DockerDriver(Driver):
         if self.has_image(reference):
             report(f"{reference} is already on {self.host.name}")
             return "present"
+        if build_context and on_a_registry(reference):
+            # A fleet serves its images from a registry: pulling is faster than building on each host,
+            # and needs no local base there. The build is the fallback.
+            try:
+                self._pull(reference, report)
+                return "pulled"
+            except DriverError as error:
+                report(f"{error.message} Building it instead.")
         if build_context:
             self._build(reference, build_context, report, catalog_path)
             return "built"
@@ -542,6 +550,15 @@ class DockerDriver(Driver):
                 detach=True,
             )
         except docker.errors.ImageNotFound as error:
+            # Placement sends a launch to a host without its image only while a pull of it is under way
+            # there (or the host's images were never looked at): wait for the image rather than fail.
+            if on_a_registry(instance.image.reference):
+                try:
+                    self._pull(instance.image.reference, lambda line: None)
+                except DriverError:
+                    pass
+                else:
+                    return self._create_container(client, instance, gpus, network, volume)
             raise DriverError(
                 f"The image {instance.image.reference} ({instance.image.name}) is not on host "
                 f"{self.host.name}. An operator can build or pre-pull it from the admin console "
@@ -598,6 +615,13 @@ class DockerDriver(Driver):
             self._remove_networks(client, instance)
         except Exception:  # the failure being reported matters more than this cleanup's
             logger.warning("could not clean up after a failed start of %s", instance.id, exc_info=True)
+
+
+def on_a_registry(reference: str) -> bool:
+    """True when the reference names a registry host ("registry.example:5000/devcloud/cpu:abc"), so a
+    host can pull it; a bare "devcloud/cpu:abc" exists only where it was built or loaded."""
+    first, slash, _ = reference.partition("/")
+    return bool(slash) and ("." in first or ":" in first or first == "localhost")
 
 
 def _reason(error) -> str:

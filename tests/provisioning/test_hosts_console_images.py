@@ -324,3 +324,20 @@ def test_the_progress_page_updates_in_the_browser_without_a_reload(olivia, live_
 
     assert running_state == "Running"
     assert percent == "100%"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_host_gets_the_enabled_catalogue_images_it_lacks_put_onto_it_with_a_job_each(cpu_image, olivia):
+    host = make_host("gpu-new")
+    present = make_image("present", cpu_image)
+    missing = make_image("missing", f"devcloud/missing:{uuid.uuid4().hex[:12]}")
+    make_image("switched-off", "devcloud/off:test", enabled=False)
+
+    jobs = images.host_images_prefetch(host=host, actor=olivia)
+
+    assert [job.image for job in jobs] == [missing]
+    assert not ImageJob.objects.filter(image=present).exists()
+    assert AuditEntry.objects.filter(action="host.image", target_id=str(host.pk)).count() == 1
+    # What the host has is remembered, so placement and the launch page need not ask the engine.
+    assert host.host_images.get(reference=cpu_image).present
+    assert not host.host_images.get(reference=missing.reference).present
