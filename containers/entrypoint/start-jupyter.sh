@@ -12,6 +12,8 @@
 #   JUPYTER_BIN        the jupyter executable (default: `jupyter` from PATH, /opt/venv/bin in the images).
 #   JUPYTER_ALLOW_ROOT default False; the images run as uid 1000, only the local driver under a root
 #                      worker needs True.
+#   DEVCLOUD_SSH_PORT  when set (the docker driver sets 2222), sshd runs as this same user on that port
+#                      next to JupyterLab; unset (the local driver), no sshd. See start_sshd below.
 #
 # /api/status reports last_activity (kernel and API activity, which jupyter_server records by default);
 # the portal's idle culling reads it.
@@ -31,6 +33,51 @@ if [ -z "${JUPYTER_TOKEN:-}" ]; then
   # An empty token would make JupyterLab either generate one nobody knows or, worse, accept anyone.
   echo "start-jupyter: JUPYTER_TOKEN is not set; refusing to start JupyterLab without authentication" >&2
   exit 64
+fi
+
+# sshd as the unprivileged user: it can only log in that user, and only with a key in
+# ~/.ssh/authorized_keys, which the portal keeps equal to the owner's keys on their account (it writes the
+# file before the first start and again whenever the keys change). No password or keyboard-interactive
+# login, no PAM. The host key is made here, per container, so no two instances share one. Port forwarding
+# stays on (`ssh -L` to a server inside). Its log (-e) goes to the container's log with JupyterLab's.
+start_sshd() {
+  local ssh_dir=$HOME/.ssh sshd=/usr/sbin/sshd
+  if [ ! -x "$sshd" ]; then
+    echo "start-jupyter: DEVCLOUD_SSH_PORT is set but this image has no $sshd; SSH is off" >&2
+    return 0
+  fi
+  mkdir -p "$ssh_dir/hostkeys"
+  chmod 700 "$ssh_dir" "$ssh_dir/hostkeys"
+  [ -s "$ssh_dir/hostkeys/ssh_host_ed25519_key" ] ||
+    ssh-keygen -q -t ed25519 -N '' -C "devcloud-instance" -f "$ssh_dir/hostkeys/ssh_host_ed25519_key"
+  [ -e "$ssh_dir/authorized_keys" ] || : >"$ssh_dir/authorized_keys"
+  chmod 600 "$ssh_dir/authorized_keys"
+  # Sessions get the image's PATH (e.g. /opt/venv/bin, /opt/rocm/bin): sshd passes it to commands, and
+  # login shells, whose /etc/profile resets PATH, read it back from ~/.profile.
+  printf 'export PATH=%q\n' "$PATH" >"$HOME/.devcloud-path"
+  grep -qs devcloud-path "$HOME/.profile" || echo '. "$HOME/.devcloud-path"' >>"$HOME/.profile"
+  cat >"$ssh_dir/sshd_config" <<EOF
+Port ${DEVCLOUD_SSH_PORT}
+HostKey ${ssh_dir}/hostkeys/ssh_host_ed25519_key
+PidFile none
+UsePAM no
+PermitRootLogin no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AuthorizedKeysFile .ssh/authorized_keys
+StrictModes yes
+AllowTcpForwarding yes
+X11Forwarding no
+PrintMotd no
+Subsystem sftp internal-sftp
+SetEnv PATH="${PATH}"
+EOF
+  "$sshd" -D -e -f "$ssh_dir/sshd_config" &
+}
+
+if [ -n "${DEVCLOUD_SSH_PORT:-}" ]; then
+  start_sshd
 fi
 
 base_url=${JUPYTER_BASE_URL:-/}
