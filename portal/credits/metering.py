@@ -238,57 +238,15 @@ def _charge_batch(batch: dict[int, list], now: datetime, result: TickResult) -> 
             .order_by("id")
             .values_list("id", "user_id", "balance_gpu_seconds")
         }
-        instances = [
-            _Metered(*row)
-            for row in Instance.objects.select_for_update()
-            .filter(id__in=[i for ids in batch.values() for i in ids], state=Instance.State.RUNNING)
-            .order_by("user_id", "id")
-            .values_list("id", "user_id", "size", "metered_until", "charged_gpu_seconds")
-        ]
-        running_gpus: dict[int, int] = {}
-        for instance in instances:
-            running_gpus[instance.user_id] = running_gpus.get(instance.user_id, 0) + gpus_of(instance.size)
-
-        entries, changed, charged_users = [], [], set()
-        for instance in instances:
-            account = accounts[instance.user_id]
-            charge = period_charge(
-                instance=instance,
-                until=now,
-                balance=account[1],
-                floor=debt_floor(running_gpus[instance.user_id]),
-            )
-            if charge is None:
-                continue
-            instance.metered_until = charge.period_end
-            instance.charged_gpu_seconds += charge.gpu_seconds
-            changed.append(instance)
-            result.gpu_seconds_waived += charge.waived
-            if charge.waived:
-                logger.warning("Waived %s GPU-seconds of %s at the debt floor", charge.waived, instance.id)
-            if not charge.gpu_seconds:
-                continue
-            account[1] -= charge.gpu_seconds
-            charged_users.add(instance.user_id)
-            entries.append(
-                LedgerEntry(
-                    account_id=account[0],
-                    kind=LedgerEntry.Kind.USAGE,
-                    gpu_seconds=-charge.gpu_seconds,
-                    balance_after=account[1],
-                    idempotency_key=usage_key(instance.id, charge.period_start),
-                    reason=_usage_reason(instance, charge),
-                    actor_name="system",
-                )
-            )
-            result.instances_charged += 1
-            result.gpu_seconds += charge.gpu_seconds
-
-        if entries:
-            LedgerEntry.objects.bulk_create(entries, batch_size=1000)
-            _save_balances([accounts[user_id] for user_id in charged_users], now)
-        if changed:
-            _save_metering(changed)
+        charge = _charge_in_database if connection.vendor == "postgresql" else _charge_in_python
+        charged = charge(batch, accounts, now)
+        for user_id, balance in charged.balances.items():
+            accounts[user_id][1] = balance
+        result.instances_charged += charged.instances_charged
+        result.gpu_seconds += charged.gpu_seconds
+        result.gpu_seconds_waived += charged.gpu_seconds_waived
+        for instance_id, waived in charged.waived:
+            logger.warning("Waived %s GPU-seconds of %s at the debt floor", waived, instance_id)
 
         exhausted = [user_id for user_id, (_, balance) in accounts.items() if balance <= 0]
         if exhausted:
@@ -297,13 +255,203 @@ def _charge_batch(batch: dict[int, list], now: datetime, result: TickResult) -> 
     # After the commit, so a rolled-back batch tells nobody and no email waits on the account locks.
     try:
         _notify_batch(
-            balances={user_id: accounts[user_id][1] for user_id in charged_users},
-            running_gpus=running_gpus,
+            balances=charged.balances,
+            running_gpus=charged.running_gpus,
             stopped_ids=result.stopping_ids[stopping_before:] + result.stopped_queued_ids[queued_before:],
         )
     except Exception:
         # The charges stand and the next batches must still be charged; a lost notice is only logged.
         logger.exception("Could not notify the owners of a metering batch")
+
+
+@dataclass
+class _BatchCharges:
+    """What charging one batch did, for the tick's result and the owners' notices."""
+
+    # user_id -> balance after the charges, for the owners charged something.
+    balances: dict = field(default_factory=dict)
+    # user_id -> GPUs of the owner's running instances.
+    running_gpus: dict = field(default_factory=dict)
+    instances_charged: int = 0
+    gpu_seconds: int = 0
+    gpu_seconds_waived: int = 0
+    # (instance id, GPU-seconds waived at the debt floor)
+    waived: list = field(default_factory=list)
+
+
+# The whole batch's charge in one statement, on PostgreSQL. The same arithmetic as period_charge()
+# applied instance by instance in (user_id, id) order, with the balance carried from one to the next:
+# with room = balance - floor and `before` the GPU-seconds owed by the owner's earlier instances,
+# instance k is charged max(0, min(owed_k, room - before_k)), and the balance after it is
+# balance - max(0, min(room, before_k + owed_k)). Every period ends on a whole second after
+# metered_until. The ledger key and reason are usage_key() and _usage_reason() written in SQL.
+# The caller holds the owners' account locks; this locks the instance rows (FOR UPDATE in `locked`)
+# before anything reads metered_until, in the order every other path locks them.
+_CHARGE_SQL = """
+WITH locked AS (
+    SELECT id FROM {instance} WHERE user_id = ANY(%(users)s) AND state = %(running)s
+        AND metered_until IS NOT NULL
+    ORDER BY user_id, id FOR UPDATE
+),
+running AS (
+    SELECT i.id, i.user_id, i.metered_until, a.id AS account_id, a.balance_gpu_seconds AS balance,
+        coalesce(size.gpus, 0) AS gpus, coalesce(size.name, i.size) AS size_name,
+        floor(extract(epoch FROM (%(now)s - i.metered_until)))::bigint AS seconds
+    FROM {instance} i
+    JOIN locked ON locked.id = i.id
+    JOIN {account} a ON a.user_id = i.user_id
+    LEFT JOIN unnest(%(size_keys)s::text[], %(size_gpus)s::bigint[], %(size_names)s::text[])
+        AS size(key, gpus, name) ON size.key = i.size
+),
+owners AS (
+    SELECT user_id, sum(gpus) AS gpus FROM running GROUP BY user_id
+),
+owed AS (
+    SELECT running.*, owners.gpus AS owner_gpus, running.seconds * running.gpus AS owed,
+        running.balance + greatest(owners.gpus, 1) * %(tick)s AS room,
+        sum(running.seconds * running.gpus) OVER (
+            PARTITION BY running.user_id ORDER BY running.id ROWS UNBOUNDED PRECEDING
+        ) AS owed_through
+    FROM running JOIN owners USING (user_id)
+    WHERE running.seconds > 0
+),
+charges AS (
+    SELECT *, greatest(0, least(owed, room - (owed_through - owed))) AS charged,
+        balance - greatest(0, least(room, owed_through)) AS balance_after
+    FROM owed
+),
+metered AS (
+    UPDATE {instance} i
+    SET metered_until = c.metered_until + c.seconds * interval '1 second',
+        charged_gpu_seconds = i.charged_gpu_seconds + c.charged
+    FROM charges c WHERE i.id = c.id
+),
+entries AS (
+    INSERT INTO {ledger}
+        (account_id, kind, gpu_seconds, balance_after, idempotency_key, reason, actor_id, actor_name,
+         created_at)
+    SELECT account_id, %(usage)s, -charged, balance_after,
+        'usage:' || id::text || ':'
+            || to_char(metered_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+            || CASE WHEN date_trunc('second', metered_until) = metered_until THEN ''
+                ELSE to_char(metered_until AT TIME ZONE 'UTC', '.US') END
+            || '+00:00',
+        size_name || ' instance ' || left(id::text, 8) || ': ' || seconds || ' s'
+            || CASE WHEN owed > charged
+                THEN ' (' || (owed - charged) || ' GPU-seconds waived at the debt floor)' ELSE '' END,
+        NULL, 'system', %(created_at)s
+    FROM charges WHERE charged > 0
+    ORDER BY user_id, id
+),
+totals AS (
+    SELECT account_id, sum(charged) AS charged FROM charges GROUP BY account_id HAVING sum(charged) > 0
+),
+balances AS (
+    UPDATE {account} a SET balance_gpu_seconds = a.balance_gpu_seconds - totals.charged,
+        updated_at = %(now)s
+    FROM totals WHERE a.id = totals.account_id
+    RETURNING a.user_id, a.balance_gpu_seconds
+)
+SELECT 'owner', owners.user_id::text, owners.gpus::bigint, balances.balance_gpu_seconds
+    FROM owners LEFT JOIN balances USING (user_id)
+UNION ALL
+SELECT 'total', (count(*) FILTER (WHERE charged > 0))::text, coalesce(sum(charged), 0)::bigint,
+    coalesce(sum(owed - charged), 0)::bigint
+    FROM charges
+UNION ALL
+SELECT 'waived', id::text, owed - charged, NULL FROM charges WHERE owed > charged
+"""
+
+
+def _charge_in_database(batch: dict[int, list], accounts: dict, now: datetime) -> _BatchCharges:
+    """Charge the running instances of the batch's owners in one statement (see _CHARGE_SQL)."""
+    sql = _CHARGE_SQL.format(
+        instance=Instance._meta.db_table,
+        account=CreditAccount._meta.db_table,
+        ledger=LedgerEntry._meta.db_table,
+    )
+    params = {
+        "users": sorted(batch),
+        "running": Instance.State.RUNNING,
+        "now": now,
+        "tick": settings.METER_TICK_SECONDS,
+        "size_keys": list(SIZES),
+        "size_gpus": [size.gpus for size in SIZES.values()],
+        "size_names": [size.name for size in SIZES.values()],
+        "usage": LedgerEntry.Kind.USAGE,
+        "created_at": timezone.now(),
+    }
+    charged = _BatchCharges()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for what, key, number, other in cursor.fetchall():
+            if what == "owner":
+                charged.running_gpus[int(key)] = number
+                if other is not None:
+                    charged.balances[int(key)] = other
+            elif what == "total":
+                charged.instances_charged = int(key)
+                charged.gpu_seconds, charged.gpu_seconds_waived = number, other
+            else:
+                charged.waived.append((key, number))
+    return charged
+
+
+def _charge_in_python(batch: dict[int, list], accounts: dict, now: datetime) -> _BatchCharges:
+    """Charge the running instances of the batch's owners with period_charge(), one by one, and write
+    the result in bulk. For SQLite (`make run`'s default database); PostgreSQL runs _CHARGE_SQL."""
+    instances = [
+        _Metered(*row)
+        for row in Instance.objects.select_for_update()
+        .filter(user_id__in=sorted(batch), state=Instance.State.RUNNING, metered_until__isnull=False)
+        .order_by("user_id", "id")
+        .values_list("id", "user_id", "size", "metered_until", "charged_gpu_seconds")
+    ]
+    charged = _BatchCharges()
+    for instance in instances:
+        charged.running_gpus[instance.user_id] = charged.running_gpus.get(instance.user_id, 0) + gpus_of(
+            instance.size
+        )
+    entries, changed = [], []
+    for instance in instances:
+        account = accounts[instance.user_id]
+        charge = period_charge(
+            instance=instance,
+            until=now,
+            balance=account[1],
+            floor=debt_floor(charged.running_gpus[instance.user_id]),
+        )
+        if charge is None:
+            continue
+        instance.metered_until = charge.period_end
+        instance.charged_gpu_seconds += charge.gpu_seconds
+        changed.append(instance)
+        charged.gpu_seconds_waived += charge.waived
+        if charge.waived:
+            charged.waived.append((str(instance.id), charge.waived))
+        if not charge.gpu_seconds:
+            continue
+        account[1] -= charge.gpu_seconds
+        charged.balances[instance.user_id] = account[1]
+        entries.append(
+            LedgerEntry(
+                account_id=account[0],
+                kind=LedgerEntry.Kind.USAGE,
+                gpu_seconds=-charge.gpu_seconds,
+                balance_after=account[1],
+                idempotency_key=usage_key(instance.id, charge.period_start),
+                reason=_usage_reason(instance, charge),
+                actor_name="system",
+            )
+        )
+        charged.instances_charged += 1
+        charged.gpu_seconds += charge.gpu_seconds
+    if entries:
+        LedgerEntry.objects.bulk_create(entries, batch_size=1000)
+        _save_balances([accounts[user_id] for user_id in charged.balances], now)
+    if changed:
+        _save_metering(changed)
+    return charged
 
 
 def _notify_batch(*, balances: dict[int, int], running_gpus: dict[int, int], stopped_ids: list) -> None:
@@ -334,48 +482,24 @@ def _notify_batch(*, balances: dict[int, int], running_gpus: dict[int, int], sto
 
 
 def _save_balances(balances: list, now: datetime) -> None:
-    """Write [account id, balance] pairs in one UPDATE. On PostgreSQL from arrays: Django's bulk_update
-    builds a CASE per row, which costs seconds per thousand rows to compile."""
-    if connection.vendor != "postgresql":
-        CreditAccount.objects.bulk_update(
-            [CreditAccount(pk=pk, balance_gpu_seconds=balance, updated_at=now) for pk, balance in balances],
-            ["balance_gpu_seconds", "updated_at"],
-            batch_size=500,
-        )
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {CreditAccount._meta.db_table} AS account "
-            "SET balance_gpu_seconds = new.balance, updated_at = %s "
-            "FROM unnest(%s::bigint[], %s::bigint[]) AS new(id, balance) WHERE account.id = new.id",
-            [now, [pk for pk, _ in balances], [balance for _, balance in balances]],
-        )
+    """Write [account id, balance] pairs in bulk (the SQLite path; PostgreSQL writes them in _CHARGE_SQL)."""
+    CreditAccount.objects.bulk_update(
+        [CreditAccount(pk=pk, balance_gpu_seconds=balance, updated_at=now) for pk, balance in balances],
+        ["balance_gpu_seconds", "updated_at"],
+        batch_size=500,
+    )
 
 
 def _save_metering(instances: list[_Metered]) -> None:
-    """One UPDATE of metered_until and charged_gpu_seconds for many instances (see _save_balances)."""
-    if connection.vendor != "postgresql":
-        Instance.objects.bulk_update(
-            [
-                Instance(pk=i.id, metered_until=i.metered_until, charged_gpu_seconds=i.charged_gpu_seconds)
-                for i in instances
-            ],
-            ["metered_until", "charged_gpu_seconds"],
-            batch_size=500,
-        )
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Instance._meta.db_table} AS instance "
-            "SET metered_until = new.metered_until, charged_gpu_seconds = new.charged "
-            "FROM unnest(%s::uuid[], %s::timestamptz[], %s::bigint[]) AS new(id, metered_until, charged) "
-            "WHERE instance.id = new.id",
-            [
-                [i.id for i in instances],
-                [i.metered_until for i in instances],
-                [i.charged_gpu_seconds for i in instances],
-            ],
-        )
+    """Write metered_until and charged_gpu_seconds of many instances in bulk (see _save_balances)."""
+    Instance.objects.bulk_update(
+        [
+            Instance(pk=i.id, metered_until=i.metered_until, charged_gpu_seconds=i.charged_gpu_seconds)
+            for i in instances
+        ],
+        ["metered_until", "charged_gpu_seconds"],
+        batch_size=500,
+    )
 
 
 def _stop_exhausted(user_ids: list[int], now: datetime, result: TickResult) -> None:
