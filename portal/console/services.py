@@ -2,7 +2,9 @@
 
 import json
 import re
+from datetime import timedelta
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
@@ -28,6 +30,8 @@ AUDIT_ACTIONS = {
     "host.discover": "GPUs discovered on a host",
     "host.check": "Host's Docker engine checked",
     "host.image": "Image pulled or built on a host",
+    "host.down": "Host marked down (missed heartbeats)",
+    "host.up": "Host answers again after being down",
     "instance.force_stop": "Instance force-stopped",
     "setting.change": "Setting changed",
 }
@@ -100,3 +104,13 @@ def sample_record(*, now=None) -> CapacitySample:
         oldest_queued_wait_seconds=fleet.oldest_queued_wait_seconds,
         running_instances=fleet.running_instances,
     )
+
+
+def samples_delete_old(*, now=None) -> int:
+    """Delete the capacity samples taken more than CONSOLE_SAMPLE_RETENTION_DAYS before `now`. Returns
+    how many were deleted. Samples are measurements, not records of anyone's action: nothing keeps them.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.CONSOLE_SAMPLE_RETENTION_DAYS)
+    deleted, _ = CapacitySample.objects.filter(taken_at__lt=cutoff).delete()
+    return deleted

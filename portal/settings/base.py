@@ -305,6 +305,14 @@ CELERY_BEAT_SCHEDULE = {
 # How often beat records a capacity sample (GPUs allocated/total, launch queue) for the console's charts.
 CONSOLE_SAMPLE_SECONDS = env.int("CONSOLE_SAMPLE_SECONDS", default=300)
 CELERY_BEAT_SCHEDULE["console-sample"] = {"task": "console.record_sample", "schedule": float(CONSOLE_SAMPLE_SECONDS)}
+# How many days of capacity samples the console keeps; beat deletes older ones every hour. The default
+# covers the longest custom range the dashboard draws (portal/console/timeranges.py, MAX_CUSTOM_DAYS).
+CONSOLE_SAMPLE_RETENTION_DAYS = env.int("CONSOLE_SAMPLE_RETENTION_DAYS", default=400)
+CELERY_BEAT_SCHEDULE["console-sample-cleanup"] = {
+    "task": "console.delete_old_samples",
+    "schedule": 3600.0,
+    "options": {"expires": 3600},
+}
 # How often idle culling checks every running instance (JupyterLab activity, GPU use).
 IDLE_CULL_SECONDS = env.int("IDLE_CULL_SECONDS", default=60)
 # gpu_busy_percent above this on any GPU an instance holds counts as use for idle culling.
