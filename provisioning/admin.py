@@ -22,7 +22,7 @@ from django.utils.timesince import timesince
 from portal.console.services import audit_record
 from portal.instances.models import Image, Instance
 
-from . import images, selectors, services
+from . import health, images, selectors, services
 from .inventory import InventoryError
 from .models import Gpu, GpuHost, ImageJob
 
@@ -370,6 +370,8 @@ class GpuHostAdmin(admin.ModelAdmin):
                 view(self.image_jobs_status_view),
                 name="provisioning_gpuhost_image_jobs_status",
             ),
+                health_history=health.health_history(host),
+                heartbeat_seconds=health.heartbeat_seconds(),
         ] + super().get_urls()
 
     # --- Host state: drain, evict, retire, activate -------------------------------------------------

@@ -132,12 +132,17 @@ def _unreachable_message(docker_url: str, error: Exception) -> str:
 
 
 def engine_ping(
-    *, docker_url: str, tls_ca_cert: str = "", tls_client_cert: str = "", tls_client_key: str = ""
+    *,
+    docker_url: str,
+    tls_ca_cert: str = "",
+    tls_client_cert: str = "",
+    tls_client_key: str = "",
+    timeout: float = ENGINE_TIMEOUT_SECONDS,
 ) -> dict:
     """Ask an engine for its version. Returns the engine's /version answer (Version, ApiVersion, Os...).
 
-    Raises HostUnreachable when the engine does not answer within ENGINE_TIMEOUT_SECONDS or refuses our
-    TLS credentials, and HostError when the TLS settings are incomplete.
+    Raises HostUnreachable when the engine does not answer within `timeout` seconds or refuses our TLS
+    credentials, and HostError when the TLS settings are incomplete.
     """
     with engine_client(
         docker_url=docker_url,
@@ -150,6 +155,7 @@ def engine_ping(
             return client.version()
         except (docker.errors.DockerException, requests.RequestException, OSError) as error:
             raise HostUnreachable(_unreachable_message(docker_url, error)) from error
+        timeout=timeout,
 
 
 def host_register(

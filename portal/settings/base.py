@@ -255,6 +255,11 @@ STUCK_TRANSITION_SECONDS = env.int("STUCK_TRANSITION_SECONDS", default=600)
 
 # --- Static files, i18n -----------------------------------------------------------------------
 STATIC_URL = "/static/"
+# Every HOST_HEARTBEAT_SECONDS beat pings each host's engine; a host unheard for
+# HOST_DOWN_AFTER_MISSED_BEATS beats is marked down (no placements, its instances charged only up to its
+# last heartbeat).
+HOST_HEARTBEAT_SECONDS = env.int("HOST_HEARTBEAT_SECONDS", default=15)
+HOST_DOWN_AFTER_MISSED_BEATS = env.int("HOST_DOWN_AFTER_MISSED_BEATS", default=3)
 STATIC_ROOT = env("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
