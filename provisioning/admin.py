@@ -31,7 +31,9 @@ ENGINE_FIELDS = ("docker_url", "tls_ca_cert", "tls_client_cert", "tls_client_key
 
 
 class GpuHostForm(forms.ModelForm):
-    """Refuses to save a host whose Docker engine does not answer, with the engine's own reason."""
+    """Refuses to save a host whose Docker engine does not answer, with the engine's own reason, and an
+    endpoint services.host_endpoint_check refuses (plain TCP, TLS without a client certificate, this
+    machine's socket for another machine, no private address)."""
 
     tls_client_key = forms.CharField(
         label="TLS client key",
@@ -49,6 +51,7 @@ class GpuHostForm(forms.ModelForm):
             "tls_client_cert",
             "tls_client_key",
             "sysfs_root",
+            "private_address",
             "dev_root",
             "state",
             "cpus_per_gpu",
@@ -63,14 +66,20 @@ class GpuHostForm(forms.ModelForm):
             "tls_ca_cert": "TLS CA certificate",
             "tls_client_cert": "TLS client certificate",
             "sysfs_root": "KFD sysfs root",
+            "private_address": "Private address",
             "dev_root": "Device root",
         }
         help_texts = {
             "tls_ca_cert": "PEM of the CA that signed the engine's certificate (tcp:// endpoints).",
             "tls_client_cert": "PEM of the portal's client certificate for this engine.",
-            "docker_url": "unix:///var/run/docker.sock, or tcp://host:2376 with the TLS fields below.",
-            "sysfs_root": "Where this portal reads the host's /sys/class/kfd from: / on the host itself, "
-            "otherwise a mount or copy of the remote host's sysfs.",
+            "docker_url": "tcp://host:2376 with mutual TLS (dockerd --tlsverify; the CA, client certificate "
+            "and key below). unix:///var/run/docker.sock only for the machine the portal runs on.",
+            "private_address": "The host's address on the private network the gateway reaches it by. "
+            "JupyterLab is published only there. Required for tcp:// hosts; 127.0.0.1 when left blank for "
+            "this machine's engine.",
+            "sysfs_root": "Path ON THE HOST under which sys/class/kfd and sys/class/drm are read (through "
+            "its engine): / on a real host.",
+            "dev_root": "Path ON THE HOST under which dev/kfd and dev/dri live: / on a real host.",
         }
 
     def __init__(self, *args, **kwargs):
@@ -88,6 +97,13 @@ class GpuHostForm(forms.ModelForm):
         if not cleaned.get("tls_client_cert"):
             cleaned["tls_client_key"] = ""
         is_new = self.instance.pk is None
+        try:
+            cleaned["private_address"] = services.host_endpoint_check(
+                private_address=cleaned.get("private_address"),
+                **{name: cleaned.get(name, "") for name in ENGINE_FIELDS},
+            )
+        except services.HostError as error:
+            raise ValidationError(error.message) from error
         engine_changed = any(cleaned.get(name, "") != getattr(self.instance, name) for name in ENGINE_FIELDS)
         if is_new or engine_changed:
             try:
@@ -253,7 +269,14 @@ class GpuHostAdmin(admin.ModelAdmin):
         return [*self.readonly_fields, "state"] if obj is not None else self.readonly_fields
 
     def get_fieldsets(self, request, obj=None):
-        engine_fields = ["name", "docker_url", "tls_ca_cert", "tls_client_cert", "tls_client_key"]
+        engine_fields = [
+            "name",
+            "docker_url",
+            "tls_ca_cert",
+            "tls_client_cert",
+            "tls_client_key",
+            "private_address",
+        ]
         placement_fields = ["state", "sysfs_root", "dev_root", "cpus_per_gpu", "memory_mb_per_gpu"]
         engine = ("Engine", {"fields": engine_fields})
         placement = ("Placement", {"fields": placement_fields})

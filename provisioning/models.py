@@ -19,10 +19,18 @@ class GpuHost(models.Model):
     tls_ca_cert = models.TextField(blank=True, default="")
     tls_client_cert = models.TextField(blank=True, default="")
     tls_client_key = models.TextField(blank=True, default="")
-    # Root under which /sys/class/kfd/... is read; "/" on a real host, a fixture tree in tests.
+    # Paths ON THE HOST (its engine bind-mounts them into a helper container; see provisioning/hostfs.py).
+    # Root under which sys/class/kfd/... and sys/class/drm/... are read; "/" on a real host.
     sysfs_root = models.CharField(max_length=300, default="/")
-    # Root under which /dev/kfd and /dev/dri/renderD<minor> live on the host; "/" on a real host.
+    # Root under which dev/kfd and dev/dri/renderD<minor> live on the host; "/" on a real host.
     dev_root = models.CharField(max_length=300, default="/")
+    # The address on the host's private network where containers publish JupyterLab, and where the
+    # gateway reaches it. Never 0.0.0.0: a tenant's lab must not answer on the host's public side.
+    # 127.0.0.1 for this machine's own engine (unix://). Required for tcp:// hosts.
+    private_address = models.GenericIPAddressField(null=True, blank=True)
+    # Group id that owns the host's /dev/kfd, as discovery last read it through the engine: containers
+    # get it (with their render nodes' gids) so uid 1000 may open the GPU. Null until discovered.
+    kfd_gid = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=20, choices=State.choices, default=State.ACTIVE, db_index=True)
     # Per-GPU share of the host given to a container.
     cpus_per_gpu = models.FloatField(default=1.0)
@@ -53,6 +61,9 @@ class Gpu(models.Model):
     unique_id = models.CharField(max_length=40, blank=True, default="")
     vram_bytes = models.PositiveBigIntegerField(default=0)
     is_present = models.BooleanField(default=True)
+    # Group id that owns /dev/dri/renderD<minor> on the host (usually `render`, `video` on older
+    # systems), as discovery last read it. Null until discovered, or when the node was missing.
+    render_gid = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["host", "node_id"]

@@ -24,7 +24,13 @@ from portal.instances.models import Instance
 from portal.instances.services import instance_request_stop
 from portal.notifications.services import StopReason, notify_instance_stopped
 
-from .engine import EngineSettingsError, build_client, has_tls
+from .engine import (
+    EngineSettingsError,
+    build_client,
+    has_tls,
+    private_address_for,
+    refuse_insecure_endpoint,
+)
 from .inventory import InventoryError, read_inventory
 from .models import Gpu, GpuAllocation, GpuHost
 
@@ -142,6 +148,7 @@ def engine_ping(
     """Ask an engine for its version. Returns the engine's /version answer (Version, ApiVersion, Os...).
 
     Raises HostUnreachable when the engine does not answer within `timeout` seconds or refuses our TLS
+        timeout=timeout,
     credentials, and HostError when the TLS settings are incomplete.
     """
     with engine_client(
@@ -155,7 +162,34 @@ def engine_ping(
             return client.version()
         except (docker.errors.DockerException, requests.RequestException, OSError) as error:
             raise HostUnreachable(_unreachable_message(docker_url, error)) from error
-        timeout=timeout,
+
+
+def host_endpoint_check(
+    *,
+    docker_url: str,
+    private_address: str | None = None,
+    tls_ca_cert: str = "",
+    tls_client_cert: str = "",
+    tls_client_key: str = "",
+) -> str:
+    """Apply the rules for reaching a host before anything is saved. Returns the private address to store
+    (127.0.0.1 for this machine's engine when none is given).
+
+    Raises HostError, saying why and what to do, for an engine anyone could drive (tcp:// without TLS, or
+    TLS without a client certificate), a unix:// socket registered with an address that is not this
+    machine's, and a tcp:// host without a private address (or with 0.0.0.0).
+    """
+    try:
+        refuse_insecure_endpoint(
+            docker_url=docker_url,
+            tls_ca_cert=tls_ca_cert,
+            tls_client_cert=tls_client_cert,
+            tls_client_key=tls_client_key,
+        )
+        return private_address_for(docker_url=docker_url, private_address=private_address)
+    except EngineSettingsError as error:
+    private_address: str | None = None,
+        raise HostError(str(error)) from error
 
 
 def host_register(
@@ -172,16 +206,24 @@ def host_register(
 ) -> GpuHost:
     """Add a GPU host, after checking its engine answers, and discover its GPUs. Returns the host.
 
-    Raises HostUnreachable (nothing saved) when `check` is on and the engine does not answer, HostError
-    for incomplete TLS settings, and InventoryError (nothing saved) when `discover` is on and the host's
-    KFD topology cannot be read.
+    private_address = host_endpoint_check(docker_url=docker_url, private_address=private_address, **tls)
+    `sysfs_root` and `dev_root` are paths on the host; `private_address` is where its containers publish
+    JupyterLab (see host_endpoint_check). Raises HostError (nothing saved) when host_endpoint_check
+    refuses the endpoint or the TLS settings are incomplete, HostUnreachable (nothing saved) when
+    `check` is on and the engine does not answer, and InventoryError (nothing saved) when `discover` is
+    on and the host's KFD topology cannot be read.
     """
     tls = {"tls_ca_cert": tls_ca_cert, "tls_client_cert": tls_client_cert, "tls_client_key": tls_client_key}
     if check:
         engine_ping(docker_url=docker_url, **tls)
     with transaction.atomic():
         host = GpuHost.objects.create(
-            name=name, docker_url=docker_url, sysfs_root=sysfs_root, dev_root=dev_root, **tls
+            name=name,
+            docker_url=docker_url,
+            private_address=private_address,
+            sysfs_root=sysfs_root,
+            dev_root=dev_root,
+            **tls,
         )
         if check:
             GpuHost.objects.filter(pk=host.pk).update(last_seen_at=timezone.now())

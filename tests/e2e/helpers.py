@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -210,27 +211,29 @@ def gateway_status(server, session_key: str, instance_id) -> httpx.Response:
 
 
 class EngineProxy:
-    """A TCP forwarder on 127.0.0.1 to the local Docker socket: a Docker engine the test can stop.
+    """A forwarder on a unix socket of its own to the local Docker socket: a Docker engine the test can stop.
 
-    `kill()` closes the listener and every open connection, as a dead dockerd would (refused from then
-    on); `start()` brings it back on the same port. The machine's real dockerd is never touched.
+    A unix socket, not a TCP port: the portal refuses an engine on plain TCP (anyone who reaches it owns
+    the host). `kill()` closes the listener and every open connection, as a dead dockerd would (refused
+    from then on); `start()` brings it back at the same path. The machine's real dockerd is never touched.
     """
 
     def __init__(self, target: str = DOCKER_SOCKET):
         self.target = target
-        self.port = free_port()
+        self.path = os.path.join(tempfile.mkdtemp(prefix="devcloud-engine-proxy-"), "docker.sock")
         self._listener = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
+        return f"unix://{self.path}"
 
     def start(self) -> "EngineProxy":
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
         listener.listen(64)
         listener.settimeout(0.1)
         self._listener = listener

@@ -223,3 +223,77 @@ def host_tls_engine(tmp_path):
     }
     server.shutdown()
     server.server_close()
+
+
+# --- The real local Docker engine behind TCP, as a remote host's engine looks to the portal ---------------
+
+
+@dataclass(frozen=True)
+class HostPki:
+    """A CA, the engine's certificate for 127.0.0.1 and the portal's client certificate, as PEM files."""
+
+    directory: Path
+    ca_cert: str
+    client_cert: str
+    client_key: str
+
+    def server_context(self, *, demand_client_certificate: bool) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.directory / "server.pem", self.directory / "server-key.pem")
+        context.load_verify_locations(self.directory / "ca.pem")
+        context.verify_mode = ssl.CERT_REQUIRED if demand_client_certificate else ssl.CERT_NONE
+        return context
+
+
+@pytest.fixture
+def host_pki(tmp_path) -> HostPki:
+    directory = tmp_path / "engine-pki"
+    directory.mkdir()
+    ca_cert, ca_key = issue_certificate("devcloud test CA", None, None, ca=True)
+    server_cert, server_key = issue_certificate("engine", ca_cert.subject, ca_key, ip="127.0.0.1")
+    client_cert, client_key = issue_certificate("portal", ca_cert.subject, ca_key, client=True)
+    (directory / "ca.pem").write_text(pem(ca_cert))
+    (directory / "server.pem").write_text(pem(server_cert))
+    (directory / "server-key.pem").write_text(key_pem(server_key))
+    return HostPki(directory, pem(ca_cert), pem(client_cert), key_pem(client_key))
+
+
+@pytest.fixture
+def host_engine_mtls(host_pki):
+    """This machine's dockerd behind mutual TLS on a loopback port: what a remote GPU host should look like.
+
+    Yields the engine settings an operator pastes into the admin (docker_url and the three PEM texts).
+    """
+    from tests.support.engine_forwarder import EngineForwarder
+
+    forwarder = EngineForwarder(tls=host_pki.server_context(demand_client_certificate=True))
+    yield {
+        "docker_url": forwarder.url,
+        "tls_ca_cert": host_pki.ca_cert,
+        "tls_client_cert": host_pki.client_cert,
+        "tls_client_key": host_pki.client_key,
+    }
+    forwarder.close()
+
+
+@pytest.fixture
+def host_engine_plain_tcp():
+    """This machine's dockerd on a loopback TCP port without TLS (dockerd -H tcp://0.0.0.0:2375). Yields the URL."""
+    from tests.support.engine_forwarder import EngineForwarder
+
+    forwarder = EngineForwarder()
+    yield forwarder.url
+    forwarder.close()
+
+
+@pytest.fixture
+def host_engine_tls_any_client(host_pki):
+    """This machine's dockerd behind TLS that asks no client certificate (dockerd --tls without --tlsverify).
+
+    Yields the settings without a client certificate: the engine answers anyone who can reach it.
+    """
+    from tests.support.engine_forwarder import EngineForwarder
+
+    forwarder = EngineForwarder(tls=host_pki.server_context(demand_client_certificate=False))
+    yield {"docker_url": forwarder.url, "tls_ca_cert": host_pki.ca_cert}
+    forwarder.close()

@@ -7,7 +7,7 @@ from provisioning import services
 from provisioning.models import GpuHost
 from provisioning.scheduler import allocate
 
-from .test_hosts import LOCAL_ENGINE, closed_port
+from .test_hosts import LOCAL_ENGINE, unreachable_tls_engine
 
 pytestmark = pytest.mark.django_db
 
@@ -57,10 +57,13 @@ def change_url(host):
     return reverse("admin:provisioning_gpuhost_change", args=[host.pk])
 
 
-def test_it_refuses_to_save_a_host_whose_engine_does_not_answer(olivia_client, kfd_sysfs_8gpu):
-    url = f"tcp://127.0.0.1:{closed_port()}"
+def test_it_refuses_to_save_a_host_whose_engine_does_not_answer(olivia_client, kfd_sysfs_8gpu, host_pki):
+    engine = unreachable_tls_engine(host_pki)
+    url = engine["docker_url"]
 
-    response = olivia_client.post(ADD_URL, host_form(docker_url=url, sysfs_root=str(kfd_sysfs_8gpu)))
+    response = olivia_client.post(
+        ADD_URL, host_form(**engine, private_address="127.0.0.1", sysfs_root=str(kfd_sysfs_8gpu))
+    )
 
     assert response.status_code == 200
     page = response.content.decode()
@@ -107,7 +110,9 @@ def test_it_shows_which_instance_holds_which_gpu_and_since_when(
 def test_it_never_shows_the_stored_client_key_and_keeps_it_when_left_blank(
     olivia_client, host_tls_engine, kfd_sysfs_8gpu
 ):
-    host = services.host_register(name="gpu-tls", sysfs_root=str(kfd_sysfs_8gpu), **host_tls_engine)
+    host = services.host_register(
+        name="gpu-tls", private_address="127.0.0.1", sysfs_root=str(kfd_sysfs_8gpu), discover=False, **host_tls_engine
+    )
     secret_line = host_tls_engine["tls_client_key"].splitlines()[1]
 
     page = olivia_client.get(change_url(host)).content.decode()
@@ -120,6 +125,7 @@ def test_it_never_shows_the_stored_client_key_and_keeps_it_when_left_blank(
         tls_ca_cert=host_tls_engine["tls_ca_cert"],
         tls_client_cert=host_tls_engine["tls_client_cert"],
         tls_client_key="",
+        private_address="127.0.0.1",
     )
     response = olivia_client.post(change_url(host), {**form, **inline_data(host)})
 
@@ -128,11 +134,12 @@ def test_it_never_shows_the_stored_client_key_and_keeps_it_when_left_blank(
     assert host.tls_client_key == host_tls_engine["tls_client_key"]
 
 
-def test_it_checks_the_engine_again_when_its_address_changes(olivia_client, kfd_sysfs_8gpu):
+def test_it_checks_the_engine_again_when_its_address_changes(olivia_client, kfd_sysfs_8gpu, host_pki):
     host = services.host_register(name="gpu-01", docker_url=LOCAL_ENGINE, sysfs_root=str(kfd_sysfs_8gpu))
-    url = f"tcp://127.0.0.1:{closed_port()}"
 
-    form = host_form(docker_url=url, sysfs_root=str(kfd_sysfs_8gpu))
+    form = host_form(
+        **unreachable_tls_engine(host_pki), private_address="127.0.0.1", sysfs_root=str(kfd_sysfs_8gpu)
+    )
     response = olivia_client.post(change_url(host), {**form, **inline_data(host)})
 
     assert "Not saved: Cannot reach the Docker engine" in response.content.decode()

@@ -99,9 +99,15 @@ def test_an_operator_discovers_gpus_and_it_is_audited(otto, otto_client, kfd_sys
     assert entry.target_repr == "gpu-new" and "8 GPU(s) present" in entry.details["found"]
 
 
-def test_an_operator_checks_an_engine_and_it_is_audited_even_when_it_does_not_answer(otto, otto_client):
+def test_an_operator_checks_an_engine_and_it_is_audited_even_when_it_does_not_answer(otto, otto_client, host_pki):
     url = f"tcp://127.0.0.1:{closed_port()}"
-    host = GpuHost.objects.create(name="gpu-silent", docker_url=url)
+    host = GpuHost.objects.create(
+        name="gpu-silent",
+        docker_url=url,
+        tls_ca_cert=host_pki.ca_cert,
+        tls_client_cert=host_pki.client_cert,
+        tls_client_key=host_pki.client_key,
+    )
 
     response = otto_client.post(
         CHANGELIST_URL, {"action": "check_engines", "_selected_action": [host.pk]}, follow=True
