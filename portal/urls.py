@@ -9,4 +9,5 @@ urlpatterns = [
     path("console/", include("portal.console.urls")),
     path("auth/", include("social_django.urls", namespace="social")),
     path("admin/", admin.site.urls),
+    path("api/", include("portal.api.urls")),
 ]

@@ -170,15 +170,18 @@ def email_verify(*, user: User, token: str, keep_session_key: str | None) -> "Pr
 
 @dataclass(frozen=True)
 class AccessRemoved:
-    """What access_reset took away: the GitHub logins unlinked, how many other sessions ended, and the
-    address of a pending email change it cancelled ("" when none)."""
+    """What access_reset took away: the GitHub logins unlinked, how many other sessions ended, the
+    address of a pending email change it cancelled ("" when none), and how many API tokens it revoked."""
 
     github_logins: list = field(default_factory=list)
     sessions_ended: int = 0
     pending_email_cancelled: str = ""
+    api_tokens_revoked: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.github_logins or self.sessions_ended or self.pending_email_cancelled)
+        return bool(
+            self.github_logins or self.sessions_ended or self.pending_email_cancelled or self.api_tokens_revoked
+        )
 
     def summary(self) -> str:
         """One sentence for the page, e.g. "we disconnected GitHub (mallory) and logged out 2 other
@@ -191,6 +194,9 @@ class AccessRemoved:
             parts.append(f"logged out {count} other browser{'' if count == 1 else 's'}")
         if self.pending_email_cancelled:
             parts.append(f"cancelled the change of address to {self.pending_email_cancelled}")
+        if self.api_tokens_revoked:
+            count = self.api_tokens_revoked
+            parts.append(f"revoked {count} API token{'' if count == 1 else 's'}")
         if not parts:
             return ""
         return "we " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])
@@ -213,7 +219,8 @@ def access_reset(
     Someone can sign up with another person's address and add their own way in before the owner ever
     sees the account; whoever proves the address (by a link we emailed to it) must end up the only one
     inside. So: every GitHub link of the user is removed, every session of the user except
-    `keep_session_key` ends, and with `cancel_pending_email` a pending change of address is cancelled.
+    `keep_session_key` ends, every API token is revoked, and with `cancel_pending_email` a pending change
+    of address is cancelled.
     When anything was removed the owner is also emailed. Call it inside the transaction that records the
     proof, with the user row locked. Returns AccessRemoved.
     """
@@ -223,12 +230,19 @@ def access_reset(
     ]
     user.social_auth.all().delete()
     sessions_ended = _sessions_end(user_pk=user.pk, keep_session_key=keep_session_key)
+    # Imported here: portal.api builds on the instance services, which this module's importers load first.
+    from portal.api.services import tokens_revoke_all
+
+    api_tokens_revoked = tokens_revoke_all(user=user)
     cancelled = ""
     if cancel_pending_email and user.pending_email:
         cancelled, user.pending_email = user.pending_email, ""
         user.save(update_fields=["pending_email"])
     removed = AccessRemoved(
-        github_logins=github_logins, sessions_ended=sessions_ended, pending_email_cancelled=cancelled
+        github_logins=github_logins,
+        sessions_ended=sessions_ended,
+        pending_email_cancelled=cancelled,
+        api_tokens_revoked=api_tokens_revoked,
     )
     if removed:
         email_send_later(kind=EmailKind.ACCESS_RESET, user_id=user.pk)

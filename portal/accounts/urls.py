@@ -20,5 +20,7 @@ urlpatterns = [
     path("settings/password/", views.password_change, name="password_change"),
     path("settings/ssh-keys/", views.sshkey_add, name="sshkey_add"),
     path("settings/ssh-keys/<int:key_id>/delete/", views.sshkey_delete, name="sshkey_delete"),
+    path("settings/api-tokens/", views.api_token_create, name="api_token_create"),
+    path("settings/api-tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
     path("settings/delete/", views.account_delete, name="account_delete"),
 ]

@@ -13,12 +13,20 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import SetPasswordForm
 from django.core.exceptions import ValidationError
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse_lazy
+from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from django.utils.encoding import force_str
 from django.utils.http import url_has_allowed_host_and_scheme, urlsafe_base64_decode
 from django.views.decorators.http import require_POST
 from django_ratelimit.core import get_usage
+
+from portal.api import selectors as api_selectors
+from portal.api import services as api_services
+from portal.api.forms import ApiTokenForm
+from portal.api.models import ApiToken
 
 from . import selectors, services
 from .forms import (
@@ -326,11 +334,16 @@ password_reset_complete = auth_views.PasswordResetCompleteView.as_view(
 # --- Settings ----------------------------------------------------------------------------------
 
 
-def _settings_page(request, *, key_form=None, status=200):
+def _settings_page(request, *, key_form=None, token_form=None, new_token="", status=200):
     context = {
         "github": selectors.github_account_for(request.user),
         "ssh_keys": selectors.ssh_keys_for(request.user),
         "key_form": key_form or SshKeyForm(),
+        "api_tokens": api_selectors.tokens_of(request.user),
+        "token_form": token_form or ApiTokenForm(),
+        # The whole token, shown in this one response only: the database keeps just its digest.
+        "new_token": new_token,
+        "now": timezone.now(),
     }
     return render(request, "accounts/settings.html", context, status=status)
 
@@ -412,6 +425,35 @@ def sshkey_delete(request, key_id):
     key = get_object_or_404(SshKey, pk=key_id, user=request.user)
     services.sshkey_delete(key=key)
     messages.success(request, f"Removed the key “{key.name}”.")
+    return redirect("accounts:settings")
+
+
+@require_POST
+@login_required
+def api_token_create(request):
+    form = ApiTokenForm(request.POST)
+    if form.is_valid():
+        try:
+            token, text = api_services.token_create(user=request.user, **form.cleaned_data)
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            messages.success(request, f"Created the token “{token.name}”. Copy it now: it is not shown again.")
+            response = _settings_page(request, new_token=text)
+            # The page carries a secret: no cache may keep it.
+            add_never_cache_headers(response)
+            return response
+    return _settings_page(request, token_form=form, status=400)
+
+
+@require_POST
+@login_required
+def api_token_revoke(request, token_id):
+    try:
+        token = api_services.token_revoke(user=request.user, token_id=token_id)
+    except ApiToken.DoesNotExist:
+        raise Http404("No such token.") from None
+    messages.success(request, f"Revoked the token “{token.name}”. It no longer works.")
     return redirect("accounts:settings")
 
 

@@ -33,6 +33,10 @@ INSTALLED_APPS = [
     "portal.console",
     "portal.notifications",
     "provisioning",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "portal.api",
 ]
 
 MIDDLEWARE = [
@@ -252,6 +256,38 @@ RECONCILE_SECONDS = env.int("RECONCILE_SECONDS", default=60)
 SCHEDULER_8X_MAX_WAIT_SECONDS = env.int("SCHEDULER_8X_MAX_WAIT_SECONDS", default=600)
 # An instance stuck in provisioning or stopping longer than this is repaired by the reconciler.
 STUCK_TRANSITION_SECONDS = env.int("STUCK_TRANSITION_SECONDS", default=600)
+
+# --- REST API (portal/api; the README's "API" section) ----------------------------------------
+REST_FRAMEWORK = {
+    # A personal access token (Authorization: Bearer dcp_...) or the portal session with its CSRF token.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "portal.api.authentication.TokenAuthentication",
+        "portal.api.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["portal.api.permissions.TokenScope"],
+    "DEFAULT_THROTTLE_CLASSES": ["portal.api.throttling.PerTokenThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "portal.api.problems.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "DevCloud API",
+    "DESCRIPTION": "Credits, images and instances of one DevCloud account. Errors are RFC 9457 problem details.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The docs page's JavaScript is served from this portal (drf-spectacular-sidecar), never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+# Requests one token (or one browser session) may make, in DRF's syntax ("120/min", "2000/hour").
+API_RATE_PER_TOKEN = env("API_RATE_PER_TOKEN", default="120/min")
+# The longest a personal access token may live, in days (the Settings page offers up to this).
+API_TOKEN_MAX_DAYS = env.int("API_TOKEN_MAX_DAYS", default=365)
 
 # --- Static files, i18n -----------------------------------------------------------------------
 STATIC_URL = "/static/"

@@ -1,0 +1,79 @@
+"""Reads of the API's own: tokens, what `me` shows, and an instance's last log lines."""
+
+from django.conf import settings
+
+from portal.credits import selectors as credit_selectors
+from portal.instances import entitlements
+from portal.instances import selectors as instance_selectors
+from portal.instances.models import Instance, LaunchPolicy
+from provisioning.drivers import driver_for
+from provisioning.drivers.base import DriverError, hide_token
+
+from .models import ApiToken
+
+# The user inside every instance, as the images create it.
+INSTANCE_USER = "developer"
+MAX_LOG_LINES = 1000
+
+
+def tokens_of(user):
+    """The user's tokens, newest first, revoked and expired ones included (the page marks them)."""
+    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
+
+
+def ssh_access() -> dict:
+    """How to reach an instance over SSH: the gateway `ssh -J` jumps through, and the user inside."""
+    host, port = settings.SSH_GATEWAY_HOST, settings.SSH_GATEWAY_PORT
+    jump = f"{host}:{port}"
+    return {
+        "gateway_host": host,
+        "gateway_port": port,
+        "proxy_jump": jump,
+        "user": INSTANCE_USER,
+        "example": f"ssh -J {jump} {INSTANCE_USER}@<instance short id>",
+    }
+
+
+def account_summary(user, *, token: ApiToken | None) -> dict:
+    """What GET /api/v1/me returns: balance, entitlements (tier and sizes) and limits."""
+    policy = LaunchPolicy.current()
+    tier = entitlements.tier_of(user)
+    balance = credit_selectors.balance_for(user)
+    live = Instance.objects.filter(user=user, state__in=instance_selectors.BURNING_STATES).count()
+    return {
+        "email": user.email,
+        "email_verified": user.email_verified,
+        "suspended": user.is_suspended,
+        "suspension": user.suspension_notice,
+        "balance_gpu_seconds": balance,
+        "balance_gpu_hours": f"{balance / 3600:.2f}",
+        "entitlements": {"tier": tier, "sizes": entitlements.allowed_sizes(user, policy, tier=tier)},
+        "limits": {
+            "max_live_instances": policy.max_live_instances,
+            "live_instances": live,
+            "launch_min_credit_minutes": settings.LAUNCH_MIN_CREDIT_MINUTES,
+            "bonus_cap_gpu_hours": settings.BONUS_CAP_GPU_HOURS,
+        },
+        "token": (
+            {"name": token.name, "scope": token.scope, "expires_at": token.expires_at} if token is not None else None
+        ),
+        "ssh": ssh_access(),
+    }
+
+
+def instance_log_lines(instance: Instance, *, lines: int) -> tuple[list[str], str]:
+    """The last `lines` lines the instance printed, with its Jupyter token hidden. Returns (lines, note),
+    where note says why there are none ("" when there are some)."""
+    if instance.host_id is None:
+        return [], "No container: the instance never got a host."
+    if instance.state not in (Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.STOPPING):
+        return [], "No container: it is removed when the instance ends (the workspace volume is kept)."
+    try:
+        text = driver_for(instance.host, instance.driver).logs(instance, tail=lines)
+    except DriverError as error:
+        return [], f"Could not read the log: {error.message}"
+    # The drivers hide the token already; hiding it again costs nothing and survives a careless driver.
+    text = hide_token(text or "", instance.jupyter_token)
+    if not text.strip():
+        return [], "The container has printed nothing yet."
+    return text.splitlines()[-lines:], ""

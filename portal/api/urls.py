@@ -1,0 +1,24 @@
+from django.urls import path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from . import views
+
+app_name = "api"
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("v1/me", views.me, name="me"),
+    path("v1/ssh", views.ssh, name="ssh"),
+    path("v1/ledger", views.LedgerView.as_view(), name="ledger"),
+    path("v1/sizes", views.sizes, name="sizes"),
+    path("v1/images", views.images, name="images"),
+    path("v1/instances", views.instances, name="instances"),
+    path("v1/instances/<uuid:instance_id>", views.instance_detail, name="instance"),
+    path("v1/instances/<uuid:instance_id>/stop", views.instance_stop, name="instance_stop"),
+    path("v1/instances/<uuid:instance_id>/logs", views.instance_logs, name="instance_logs"),
+    path("v1/ssh-keys", views.ssh_keys, name="ssh_keys"),
+    path("v1/ssh-keys/<int:key_id>", views.ssh_key_delete, name="ssh_key"),
+    path("v1/bonus-programs", views.bonus_programs, name="bonus_programs"),
+    path("v1/bonus-applications", views.bonus_applications, name="bonus_applications"),
+    re_path(r"^.*$", views.not_found),
+]
