@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "portal.console",
     "portal.notifications",
     "provisioning",
+    "portal.sshgateway",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -289,6 +290,21 @@ API_RATE_PER_TOKEN = env("API_RATE_PER_TOKEN", default="120/min")
 # The longest a personal access token may live, in days (the Settings page offers up to this).
 API_TOKEN_MAX_DAYS = env.int("API_TOKEN_MAX_DAYS", default=365)
 
+# --- SSH gateway (portal/sshgateway; the README's "SSH" section) -------------------------------
+# Where people reach the gateway: what they type after `ssh -J` (the settings page, the API's
+# /api/v1/ssh and the CLI's `devcloud ssh` and `ssh-config` show it). The gateway process
+# (`manage.py ssh_gateway`) listens on SSH_GATEWAY_BIND:SSH_GATEWAY_PORT; in production bind 0.0.0.0 (or
+# the public address) and set SSH_GATEWAY_HOST to the name people use.
+SSH_GATEWAY_HOST = env("SSH_GATEWAY_HOST", default="127.0.0.1")
+SSH_GATEWAY_PORT = env.int("SSH_GATEWAY_PORT", default=2222)
+SSH_GATEWAY_BIND = env("SSH_GATEWAY_BIND", default="127.0.0.1")
+# The gateway's Ed25519 host key, made on first start and kept (clients remember it, so keep it across
+# deploys and share it between gateways behind one name).
+SSH_GATEWAY_HOST_KEY = env("SSH_GATEWAY_HOST_KEY", default=str(BASE_DIR / "var" / "ssh_gateway_host_ed25519_key"))
+# How often beat rewrites each running instance's authorized_keys from its owner's account keys. Changes
+# are pushed at once as well; this catches a push that failed.
+SSH_KEYS_SYNC_SECONDS = env.int("SSH_KEYS_SYNC_SECONDS", default=30)
+
 # --- Static files, i18n -----------------------------------------------------------------------
 STATIC_URL = "/static/"
 # Every HOST_HEARTBEAT_SECONDS beat pings each host's engine; a host unheard for
@@ -336,6 +352,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "provisioning.reconcile",
         "schedule": float(RECONCILE_SECONDS),
         "options": {"expires": RECONCILE_SECONDS},
+    },
+    "ssh-keys-sync": {
+        "task": "sshgateway.sync_keys",
+        "schedule": float(SSH_KEYS_SYNC_SECONDS),
+        "options": {"expires": SSH_KEYS_SYNC_SECONDS},
     },
     "start-queued": {
         "task": "provisioning.start_queued",

@@ -60,6 +60,9 @@ class Driver:
     logs(instance, tail) -> str
         The last `tail` lines the instance printed, for the operator console, with its Jupyter token
         blanked out. "" when there is nothing (never started, or removed).
+    authorized_keys_set(instance, text) -> bool
+        Makes `text` the public keys the instance's sshd trusts. False when the instance has nothing
+        running to put them in, or the driver runs no sshd (the default). Raises DriverError like poll.
     """
 
     name = "base"
@@ -84,12 +87,22 @@ class Driver:
     def logs(self, instance, tail: int = 100) -> str:
         return ""
 
+    def authorized_keys_set(self, instance, text: str) -> bool:
+        return False
+
 
 def jupyter_base_url(instance) -> str:
     """The path JupyterLab serves under, which the gateway forwards unchanged: /instances/<uuid>/lab/."""
     from portal.gateway import lab_path
 
     return lab_path(instance.id)
+
+
+def authorized_keys_text(user_id) -> str:
+    """The public keys an instance of this person trusts over SSH: their account keys, one per line."""
+    from portal.sshgateway.services import authorized_keys_text as text_of
+
+    return text_of(user_id)
 
 
 def hide_token(text: str, token: str) -> str:

@@ -16,7 +16,6 @@ import shutil
 import tempfile
 import time
 import weakref
-from urllib.parse import urlparse
 
 import docker
 import docker.errors
@@ -28,11 +27,23 @@ from docker.types import Mount
 from portal.instances.catalog import CatalogError, load_catalog
 
 from ..engine import EngineSettingsError, build_client, has_tls
-from .base import Driver, DriverError, PollResult, StartResult, hide_token, jupyter_base_url
+from .base import (
+    Driver,
+    DriverError,
+    PollResult,
+    StartResult,
+    authorized_keys_text,
+    hide_token,
+    jupyter_base_url,
+)
 
 logger = logging.getLogger(__name__)
 
 JUPYTER_PORT = 8888
+# sshd inside (containers/entrypoint/start-jupyter.sh runs it as uid 1000); published like JupyterLab's port.
+SSH_PORT = 2222
+# Where the owner's public keys go: sshd's AuthorizedKeysFile (.ssh/authorized_keys) of the instance user.
+SSH_DIR = "/home/developer/.ssh"
 CONTAINER_USER = "1000:1000"
 WORKSPACE = "/workspace"
 # Seconds `docker stop` waits for JupyterLab to exit on SIGTERM before SIGKILL; it needs about one.
@@ -101,6 +112,22 @@ class DockerDriver(Driver):
     def is_local_engine(self) -> bool:
         """True when the engine runs on this machine (a unix socket), so its /dev can be looked at here."""
         return self.host.docker_url.startswith("unix://")
+
+    def publish_address(self) -> str:
+        """Where containers publish their ports, and where the gateway reaches them: the host's private
+        address (127.0.0.1 for this machine's engine), never 0.0.0.0.
+
+        Raises DriverError(permanent=True) for a remote host without one (saved before it was asked for).
+        """
+        if self.host.private_address:
+            return self.host.private_address
+        if self.is_local_engine:
+            return "127.0.0.1"
+        raise DriverError(
+            f"Host {self.host.name} has no private address, and its containers would otherwise publish "
+            "JupyterLab on every address it has. An operator should set it on the host's page.",
+            permanent=True,
+        )
 
     def client(self, *, timeout: int | None = None) -> docker.DockerClient:
         """A client for the host's engine. Raises DriverError(permanent=True) for bad TLS settings."""
@@ -197,10 +224,13 @@ class DockerDriver(Driver):
             volume = self._ensure_volume(client, instance)
             if container is None:
                 container = self._create_container(client, instance, gpus, network.name, volume.name)
+                # Before the first start, so sshd trusts the owner's keys from its first connection.
+                self._put_authorized_keys(container, authorized_keys_text(instance.user_id))
             if container.status != "running":
                 container.start()
             container.reload()
             endpoint, host_port = self._endpoint(container)
+            ssh_port = self._published_port(container, SSH_PORT)
         except DriverError as error:
             if error.permanent:
                 self._discard(client, instance)
@@ -218,6 +248,8 @@ class DockerDriver(Driver):
                 "network": network.name,
                 "volume": volume.name,
                 "host_port": host_port,
+                # sshd's port on the same address as the endpoint; None for an image from before SSH.
+                "ssh_port": ssh_port,
                 "image": instance.image.reference,
                 "gpus": [gpu.render_minor for gpu in gpus],
             },
@@ -487,12 +519,26 @@ class DockerDriver(Driver):
         ]
         return pairs
 
-    def _device_groups(self, device_paths) -> list[str]:
-        """Group ids that own the device nodes, so uid 1000 may open them (never group 0, root's)."""
+    def _device_groups(self, device_paths, gpus) -> list[str]:
+        """Group ids that own the device nodes, so uid 1000 may open them (never group 0, root's).
+
+        This machine's engine: read from the nodes now (a missing node fails the start for good). Any
+        other host: the gids discovery read on that host through its engine (GpuHost.kfd_gid,
+        Gpu.render_gid), since its /dev cannot be looked at from here. Raises DriverError(permanent=True)
+        when a node is missing, or when a remote host's gids were never discovered (the container could
+        not open its GPU).
+        """
+        if not device_paths:
+            return []
         if not self.is_local_engine:
-            # A remote host's /dev cannot be looked at from here.
-            gid = getattr(self.host, "render_gid", None)
-            return [str(gid)] if gid else []
+            gids = {self.host.kfd_gid, *(gpu.render_gid for gpu in gpus)}
+            if None in gids:
+                raise DriverError(
+                    f"The group ids of host {self.host.name}'s GPU device nodes are not known, so uid 1000 "
+                    "could not open its GPU. An operator should run Discover GPUs on the host.",
+                    permanent=True,
+                )
+            return [str(gid) for gid in sorted(gids - {0})]
         gids = set()
         for host_path, _ in device_paths:
             try:
@@ -509,12 +555,12 @@ class DockerDriver(Driver):
         gpu_count = max(1, len(gpus))
         memory_bytes = int(self.host.memory_mb_per_gpu) * gpu_count * 1024 * 1024
         device_paths = self._device_paths(gpus)
-        group_add = self._device_groups(device_paths)
+        group_add = self._device_groups(device_paths, gpus)
         # A container cannot be given more CPUs than the engine has; a host configured with a generous
         # cpus_per_gpu still runs its 8x instances, on every CPU it has.
         engine_cpus = client.info().get("NCPU") or 1
         nano_cpus = int(min(self.host.cpus_per_gpu * gpu_count, engine_cpus) * 1e9)
-        publish_ip = "127.0.0.1" if self.is_local_engine else "0.0.0.0"
+        publish_ip = self.publish_address()
         try:
             return client.containers.create(
                 instance.image.reference,
@@ -530,6 +576,7 @@ class DockerDriver(Driver):
                     "HIP_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus))),
                     "DEVCLOUD_INSTANCE_ID": str(instance.id),
                     "DEVCLOUD_GPU_COUNT": str(len(gpus)),
+                    "DEVCLOUD_SSH_PORT": str(SSH_PORT),
                 },
                 devices=[f"{host_path}:{container_path}:rwm" for host_path, container_path in device_paths],
                 group_add=group_add,
@@ -543,7 +590,7 @@ class DockerDriver(Driver):
                 shm_size=min(memory_bytes // 2, MAX_SHM_BYTES),
                 ipc_mode="private",
                 network=network,
-                ports={f"{JUPYTER_PORT}/tcp": (publish_ip, None)},
+                ports={f"{JUPYTER_PORT}/tcp": (publish_ip, None), f"{SSH_PORT}/tcp": (publish_ip, None)},
                 mounts=[Mount(target=WORKSPACE, source=volume, type="volume")],
                 log_config={"type": "json-file", "config": {"max-size": "10m", "max-file": "2"}},
                 restart_policy={"Name": "no"},
@@ -590,6 +637,38 @@ class DockerDriver(Driver):
                     ) from None
                 time.sleep(0.05)
 
+    @staticmethod
+    def _published_port(container, port: int) -> int | None:
+        """The host port the engine published the container's `port` on, or None when it is not published."""
+        bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(f"{port}/tcp") or []
+        return int(bindings[0]["HostPort"]) if bindings else None
+
+    def authorized_keys_set(self, instance, text: str) -> bool:
+        """Makes `text` the instance's ~/.ssh/authorized_keys (uid 1000, mode 0600), the keys its sshd trusts.
+
+        Returns False when the instance has no container (never started, or removed) or its image has no
+        ~/.ssh (made before SSH). Raises DriverError(permanent=False) when the engine cannot be reached.
+        """
+        try:
+            container = self._find_container(self.client(), container_name(instance))
+            return container is not None and self._put_authorized_keys(container, text)
+        except docker.errors.NotFound:
+            return False
+        except Exception as error:
+            raise self._api_error(error, "updating the SSH keys") from error
+
+    @staticmethod
+    def _put_authorized_keys(container, text: str) -> bool:
+        """Writes the file; False when the image has no ~/.ssh (an image from before SSH: no sshd either)."""
+        from portal.sshgateway.services import authorized_keys_archive
+
+        # The engine writes the file into the container's filesystem itself (running or not), as the tar
+        # says: owner 1000, mode 0600. Nothing runs inside, so a tenant's process cannot interfere.
+        try:
+            return bool(container.put_archive(SSH_DIR, authorized_keys_archive(text)))
+        except docker.errors.NotFound:
+            return False
+
     def _endpoint(self, container) -> tuple[str, int]:
         bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(
             f"{JUPYTER_PORT}/tcp"
@@ -603,8 +682,9 @@ class DockerDriver(Driver):
                 permanent=False,
             )
         port = int(bindings[0]["HostPort"])
-        address = "127.0.0.1" if self.is_local_engine else urlparse(self.host.docker_url).hostname
-        return f"http://{address}:{port}", port
+        address = self.publish_address()
+        host_part = f"[{address}]" if ":" in address else address
+        return f"http://{host_part}:{port}", port
 
     def _discard(self, client, instance):
         """Best-effort removal of a half-made instance after a permanent failure, so a retry starts clean."""

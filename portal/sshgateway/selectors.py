@@ -1,0 +1,32 @@
+"""Reads about SSH sessions, for idle culling and the pages."""
+
+from datetime import timedelta
+
+from django.db.models import Max
+from django.utils import timezone
+
+from .models import SshSession
+
+# The gateway refreshes open sessions this often (server.HEARTBEAT_SECONDS); a session unrefreshed for
+# longer than this lost its gateway and no longer counts as open.
+OPEN_SESSION_FRESHNESS = timedelta(seconds=90)
+
+
+def open_session_instance_ids(instance_ids) -> set:
+    """Ids, among `instance_ids`, of instances someone is connected to over SSH right now."""
+    fresh = timezone.now() - OPEN_SESSION_FRESHNESS
+    return set(
+        SshSession.objects.filter(instance_id__in=instance_ids, ended_at__isnull=True, last_seen_at__gte=fresh)
+        .values_list("instance_id", flat=True)
+        .distinct()
+    )
+
+
+def last_session_activity(instance_ids) -> dict:
+    """instance id -> the last moment an SSH session of it was seen (its end, or its last heartbeat)."""
+    rows = (
+        SshSession.objects.filter(instance_id__in=instance_ids)
+        .values("instance_id")
+        .annotate(last=Max("last_seen_at"))
+    )
+    return {row["instance_id"]: row["last"] for row in rows}
