@@ -23,7 +23,8 @@ def tokens_of(user):
 
 def ssh_access() -> dict:
     """How to reach an instance over SSH: the gateway `ssh -J` jumps through, and the user inside."""
-    host, port = settings.SSH_GATEWAY_HOST, settings.SSH_GATEWAY_PORT
+    host = getattr(settings, "SSH_GATEWAY_HOST", "127.0.0.1")
+    port = getattr(settings, "SSH_GATEWAY_PORT", 2222)
     jump = f"{host}:{port}"
     return {
         "gateway_host": host,
