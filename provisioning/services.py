@@ -31,7 +31,8 @@ from .engine import (
     private_address_for,
     refuse_insecure_endpoint,
 )
-from .inventory import InventoryError, read_inventory
+from . import hostfs
+from .inventory import InventoryError
 from .models import Gpu, GpuAllocation, GpuHost
 
 # Seconds to wait for a Docker engine before calling it unreachable. Short, because an operator waits
@@ -262,15 +263,19 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
     keeps its allocation history. Runs under the host's row lock, so the scheduler never places onto a
     half-updated host.
 
-    The sysfs tree is read from this (the portal's) filesystem at host.sysfs_root: "/" when the portal
-    runs on the GPU host, otherwise a copy that is mounted or synced from the remote host. Reading it
-    through the host's Docker engine is future work.
+    The KFD topology and the group ids of the device nodes are read on the host, through its engine
+    (provisioning.hostfs; directly for this machine's own engine), at the host's sysfs_root and dev_root.
+    The gids are stored (GpuHost.kfd_gid, Gpu.render_gid): containers get them, so uid 1000 may open
+    its GPU on that host.
 
-    Raises InventoryError (also recorded as the host's last_error) when the topology cannot be read.
+    Raises InventoryError (also recorded as the host's last_error) when the topology cannot be read,
+    HostFilesError (an InventoryError) when the engine cannot show it.
     """
     host = GpuHost.objects.get(pk=host_id)
     try:
-        inventory = read_inventory(host.sysfs_root)
+        survey = hostfs.gpu_survey(host)
+        GpuHost.objects.filter(pk=host_id).update(kfd_gid=survey.kfd_gid)
+        inventory = survey.gpus
     except InventoryError as error:
         GpuHost.objects.filter(pk=host_id).update(last_error=f"GPU discovery failed: {error}")
         raise
@@ -292,6 +297,7 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
 
         # Step 2: write what the kernel says.
         for node_id, info in incoming.items():
+                "render_gid": survey.render_gids.get(info.drm_render_minor),
             values = {
                 "gpu_id": info.gpu_id,
                 "render_minor": info.drm_render_minor,
