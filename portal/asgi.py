@@ -12,7 +12,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
 django_application = get_asgi_application()
 
 # Imported after Django is set up: the gateway reads sessions and instances through the ORM.
+from portal.console.instrumentation import InstrumentedGateway
 from portal.gateway.app import Gateway, Router
 
 gateway = Gateway()
-application = Router(django_app=django_application, gateway=gateway)
+# The wrapper records the gateway's request latency and open websockets for /metrics.
+application = Router(django_app=django_application, gateway=InstrumentedGateway(gateway))

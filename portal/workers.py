@@ -109,7 +109,9 @@ def celery_args(name: str, *, environ=os.environ, beat_schedule: str = "") -> li
     return args
 
 
-def command(name: str, *, python: str = sys.executable, environ=os.environ, beat_schedule: str = "") -> list[str]:
+def command(
+    name: str, *, python: str = sys.executable, environ=os.environ, beat_schedule: str = ""
+) -> list[str]:
     """The whole command line of process `name` (see celery_args)."""
     return [python, "-m", "celery", *celery_args(name, environ=environ, beat_schedule=beat_schedule)]
 
@@ -138,7 +140,10 @@ def main(argv: list[str]) -> int:
         schedule = argv[index + 1]
         del argv[index : index + 2]
     if len(argv) != 1 or argv[0] not in PROCESSES:
-        print(f"usage: python -m portal.workers [--print] {{{','.join(PROCESSES)}}} [--schedule PATH]", file=sys.stderr)
+        print(
+            f"usage: python -m portal.workers [--print] {{{','.join(PROCESSES)}}} [--schedule PATH]",
+            file=sys.stderr,
+        )
         return 2
     try:
         cmd = command(argv[0], beat_schedule=schedule)

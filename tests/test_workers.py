@@ -8,7 +8,6 @@ import uuid
 import pytest
 import redis
 
-from portal.instances.services import enqueue
 from portal.workers import command
 from tests.support.worker import celery_publishing_to, redis_url, unique_queue
 
@@ -23,16 +22,17 @@ def queues(settings):
     settings.CELERY_TASK_ALWAYS_EAGER = False
     broker = redis_url(OPS_REDIS_DB)
     client = redis.Redis.from_url(broker)
-    with celery_publishing_to(broker_url=broker, queue=default):
-        yield client, default, provisioning
+    with celery_publishing_to(broker_url=broker, queue=default) as app:
+        yield app, client, default, provisioning
     client.delete(default, provisioning)
     client.close()
 
 
 def test_it_sends_launches_to_the_provisioning_queue(queues):
-    client, default, provisioning = queues
+    app, client, default, provisioning = queues
 
-    enqueue("provisioning.provision_instance", instance_id=str(uuid.uuid4()))
+    # By name, as the portal and beat publish them (the routes apply to every publish).
+    app.send_task("provisioning.provision_instance", kwargs={"instance_id": str(uuid.uuid4())})
 
     assert client.llen(provisioning) == 1
     assert client.llen(default) == 0
@@ -47,9 +47,9 @@ def test_it_sends_launches_to_the_provisioning_queue(queues):
     ],
 )
 def test_it_keeps_metering_and_stops_on_the_default_queue(queues, task_name, kwargs):
-    client, default, provisioning = queues
+    app, client, default, provisioning = queues
 
-    enqueue(task_name, **kwargs)
+    app.send_task(task_name, kwargs=kwargs)
 
     assert client.llen(default) == 1
     assert client.llen(provisioning) == 0

@@ -12,7 +12,7 @@ from django.utils.safestring import SafeString
 from portal.credits.models import GPU_SECONDS_PER_HOUR
 from provisioning.models import GpuHost
 
-from . import charts, selectors
+from . import charts, health, selectors
 from .timeranges import BUCKET_STEPS, TimeRange
 
 BURN_COLOR = "#e69f00"
@@ -337,5 +337,7 @@ def build(time_range: TimeRange) -> dict:
         "figures": figures(time_range, flow),
         "panels": panels,
         "blockers": selectors.launch_blockers(),
+        # The Celery workers and beat: a ping per queue, and when each beat task last ran.
+        "background": health.background(),
         "simulated_hosts": list(GpuHost.objects.filter(is_simulated=True).exclude(state=GpuHost.State.RETIRED)),
     }

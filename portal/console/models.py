@@ -84,3 +84,26 @@ class OperatorAction(models.Model):
             ("ensure_images", "Can pre-pull or build images on hosts"),
             ("force_stop_instance", "Can force-stop an instance"),
         ]
+
+
+class PeriodicTaskRun(models.Model):
+    """When a beat task last started and last finished well, one row per task name.
+
+    Written by the worker around every run of a task in CELERY_BEAT_SCHEDULE (portal.console.instrumentation),
+    read by the health checks: beat and a worker are alive when each task ran within two of its periods.
+    """
+
+    task_name = models.CharField(max_length=200, unique=True)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    # The last run that returned without raising.
+    last_succeeded_at = models.DateTimeField(null=True, blank=True)
+    last_duration_seconds = models.FloatField(null=True, blank=True)
+    # The exception class of the last failed run, if the last run failed; empty otherwise.
+    last_error = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["task_name"]
+
+    def __str__(self):
+        return f"{self.task_name} (last finished {self.last_finished_at})"

@@ -41,6 +41,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz, /readyz and /metrics: answered before the host check and the HTTPS redirect (see there).
+    "portal.console.probes.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -391,3 +393,10 @@ CELERY_BEAT_SCHEDULE["enforce-limits"] = {
     "schedule": float(LIMITS_SECONDS),
     "options": {"expires": LIMITS_SECONDS},
 }
+
+# --- Operations: health and metrics (deploy/README.md) ---------------------------------------
+# /metrics needs this bearer token (Authorization: Bearer <token>); empty = no token asked.
+METRICS_TOKEN = env("METRICS_TOKEN", default="")
+# Client networks allowed to read /metrics, e.g. "10.0.0.0/8,127.0.0.1/32" (the client address as
+# TRUSTED_PROXY_COUNT resolves it). With both this and METRICS_TOKEN empty, /metrics answers 404.
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=[])
