@@ -50,8 +50,8 @@ class GpuHostForm(forms.ModelForm):
             "tls_ca_cert",
             "tls_client_cert",
             "tls_client_key",
-            "sysfs_root",
             "private_address",
+            "sysfs_root",
             "dev_root",
             "state",
             "cpus_per_gpu",
@@ -65,8 +65,8 @@ class GpuHostForm(forms.ModelForm):
             "docker_url": "Docker engine URL",
             "tls_ca_cert": "TLS CA certificate",
             "tls_client_cert": "TLS client certificate",
-            "sysfs_root": "KFD sysfs root",
             "private_address": "Private address",
+            "sysfs_root": "KFD sysfs root",
             "dev_root": "Device root",
         }
         help_texts = {
@@ -96,7 +96,6 @@ class GpuHostForm(forms.ModelForm):
             cleaned["tls_client_key"] = self.instance.tls_client_key
         if not cleaned.get("tls_client_cert"):
             cleaned["tls_client_key"] = ""
-        is_new = self.instance.pk is None
         try:
             cleaned["private_address"] = services.host_endpoint_check(
                 private_address=cleaned.get("private_address"),
@@ -104,6 +103,7 @@ class GpuHostForm(forms.ModelForm):
             )
         except services.HostError as error:
             raise ValidationError(error.message) from error
+        is_new = self.instance.pk is None
         engine_changed = any(cleaned.get(name, "") != getattr(self.instance, name) for name in ENGINE_FIELDS)
         if is_new or engine_changed:
             try:
@@ -370,6 +370,8 @@ class GpuHostAdmin(admin.ModelAdmin):
                 + f"?host={host.pk}",
                 ensure_image_url=reverse("admin:provisioning_gpuhost_ensure_image", args=[host.pk]),
                 can_ensure_images=self.has_ensure_images_permission(request),
+                health_history=health.health_history(host),
+                heartbeat_seconds=health.heartbeat_seconds(),
             )
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -393,8 +395,6 @@ class GpuHostAdmin(admin.ModelAdmin):
                 view(self.image_jobs_status_view),
                 name="provisioning_gpuhost_image_jobs_status",
             ),
-                health_history=health.health_history(host),
-                heartbeat_seconds=health.heartbeat_seconds(),
         ] + super().get_urls()
 
     # --- Host state: drain, evict, retire, activate -------------------------------------------------

@@ -149,7 +149,6 @@ def engine_ping(
     """Ask an engine for its version. Returns the engine's /version answer (Version, ApiVersion, Os...).
 
     Raises HostUnreachable when the engine does not answer within `timeout` seconds or refuses our TLS
-        timeout=timeout,
     credentials, and HostError when the TLS settings are incomplete.
     """
     with engine_client(
@@ -157,6 +156,7 @@ def engine_ping(
         tls_ca_cert=tls_ca_cert,
         tls_client_cert=tls_client_cert,
         tls_client_key=tls_client_key,
+        timeout=timeout,
     ) as client:
         try:
             client.ping()
@@ -189,7 +189,6 @@ def host_endpoint_check(
         )
         return private_address_for(docker_url=docker_url, private_address=private_address)
     except EngineSettingsError as error:
-    private_address: str | None = None,
         raise HostError(str(error)) from error
 
 
@@ -197,6 +196,7 @@ def host_register(
     *,
     name: str,
     docker_url: str,
+    private_address: str | None = None,
     sysfs_root: str = "/",
     dev_root: str = "/",
     tls_ca_cert: str = "",
@@ -207,7 +207,6 @@ def host_register(
 ) -> GpuHost:
     """Add a GPU host, after checking its engine answers, and discover its GPUs. Returns the host.
 
-    private_address = host_endpoint_check(docker_url=docker_url, private_address=private_address, **tls)
     `sysfs_root` and `dev_root` are paths on the host; `private_address` is where its containers publish
     JupyterLab (see host_endpoint_check). Raises HostError (nothing saved) when host_endpoint_check
     refuses the endpoint or the TLS settings are incomplete, HostUnreachable (nothing saved) when
@@ -215,6 +214,7 @@ def host_register(
     on and the host's KFD topology cannot be read.
     """
     tls = {"tls_ca_cert": tls_ca_cert, "tls_client_cert": tls_client_cert, "tls_client_key": tls_client_key}
+    private_address = host_endpoint_check(docker_url=docker_url, private_address=private_address, **tls)
     if check:
         engine_ping(docker_url=docker_url, **tls)
     with transaction.atomic():
@@ -274,7 +274,6 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
     host = GpuHost.objects.get(pk=host_id)
     try:
         survey = hostfs.gpu_survey(host)
-        GpuHost.objects.filter(pk=host_id).update(kfd_gid=survey.kfd_gid)
         inventory = survey.gpus
     except InventoryError as error:
         GpuHost.objects.filter(pk=host_id).update(last_error=f"GPU discovery failed: {error}")
@@ -282,6 +281,7 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
     summary = DiscoverySummary(host_name=host.name, present=len(inventory))
     with transaction.atomic():
         GpuHost.objects.select_for_update().get(pk=host_id)
+        GpuHost.objects.filter(pk=host_id).update(kfd_gid=survey.kfd_gid)
         existing = {gpu.node_id: gpu for gpu in Gpu.objects.filter(host_id=host_id)}
         incoming = {info.node_id: info for info in inventory}
         incoming_minors = {info.drm_render_minor for info in inventory}
@@ -297,7 +297,6 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
 
         # Step 2: write what the kernel says.
         for node_id, info in incoming.items():
-                "render_gid": survey.render_gids.get(info.drm_render_minor),
             values = {
                 "gpu_id": info.gpu_id,
                 "render_minor": info.drm_render_minor,
@@ -305,6 +304,7 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
                 "unique_id": info.unique_id,
                 "vram_bytes": info.vram,
                 "is_present": True,
+                "render_gid": survey.render_gids.get(info.drm_render_minor),
             }
             gpu = existing.get(node_id)
             if gpu is None:
