@@ -29,11 +29,13 @@ from django.utils.http import urlsafe_base64_encode
 from portal.console.services import actor_name_of, audit_record
 from portal.credits.models import CreditAccount
 from portal.credits.services import credits_grant_signup
-from portal.instances.models import Instance
-from portal.instances.services import instance_request_stop
+from portal.instances.services import instances_stop_all
 from portal.instances.sizes import SIZES
+from portal.instances.stop_reasons import StopReason
 from portal.lib.tasks import publish
 from portal.notifications.services import notify_account_suspended
+from portal.sshgateway.services import keys_changed
+from provisioning.workspaces import workspaces_remove_all
 
 from .models import SshKey, User
 from .tokens import TokenState, email_change_tokens, email_verification_tokens, password_reset_tokens
@@ -177,10 +179,16 @@ class AccessRemoved:
     sessions_ended: int = 0
     pending_email_cancelled: str = ""
     api_tokens_revoked: int = 0
+    # Names of the SSH keys removed.
+    ssh_keys: list = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
-            self.github_logins or self.sessions_ended or self.pending_email_cancelled or self.api_tokens_revoked
+            self.github_logins
+            or self.sessions_ended
+            or self.pending_email_cancelled
+            or self.api_tokens_revoked
+            or self.ssh_keys
         )
 
     def summary(self) -> str:
@@ -197,6 +205,9 @@ class AccessRemoved:
         if self.api_tokens_revoked:
             count = self.api_tokens_revoked
             parts.append(f"revoked {count} API token{'' if count == 1 else 's'}")
+        if self.ssh_keys:
+            count = len(self.ssh_keys)
+            parts.append(f"removed {count} SSH key{'' if count == 1 else 's'} ({', '.join(self.ssh_keys)})")
         if not parts:
             return ""
         return "we " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])
@@ -219,8 +230,9 @@ def access_reset(
     Someone can sign up with another person's address and add their own way in before the owner ever
     sees the account; whoever proves the address (by a link we emailed to it) must end up the only one
     inside. So: every GitHub link of the user is removed, every session of the user except
-    `keep_session_key` ends, every API token is revoked, and with `cancel_pending_email` a pending change
-    of address is cancelled.
+    `keep_session_key` ends, every API token is revoked, every SSH key is removed (the SSH gateway refuses
+    them at once, and the person's instances stop trusting them), and with `cancel_pending_email` a
+    pending change of address is cancelled.
     When anything was removed the owner is also emailed. Call it inside the transaction that records the
     proof, with the user row locked. Returns AccessRemoved.
     """
@@ -229,6 +241,11 @@ def access_reset(
         for social in user.social_auth.order_by("created", "pk")
     ]
     user.social_auth.all().delete()
+    # Every key on the account was added before this proof, by whoever was inside: maybe not the owner.
+    ssh_keys = list(user.ssh_keys.order_by("created_at", "pk").values_list("name", flat=True))
+    if ssh_keys:
+        user.ssh_keys.all().delete()
+        keys_changed(user_id=user.pk)
     sessions_ended = _sessions_end(user_pk=user.pk, keep_session_key=keep_session_key)
     # Imported here: portal.api builds on the instance services, which this module's importers load first.
     from portal.api.services import tokens_revoke_all
@@ -243,6 +260,7 @@ def access_reset(
         sessions_ended=sessions_ended,
         pending_email_cancelled=cancelled,
         api_tokens_revoked=api_tokens_revoked,
+        ssh_keys=ssh_keys,
     )
     if removed:
         email_send_later(kind=EmailKind.ACCESS_RESET, user_id=user.pk)
@@ -515,16 +533,25 @@ def sshkey_add(*, user: User, name: str, public_key: str) -> SshKey:
         raise ValidationError({"public_key": f"You already added this key, as “{existing.name}”."})
     try:
         with transaction.atomic():
-            return SshKey.objects.create(
+            key = SshKey.objects.create(
                 user=user, name=name, key_type=key_type, public_key=line, fingerprint=fingerprint
             )
+            keys_changed(user_id=user.pk)
+            return key
     except IntegrityError:
         raise ValidationError({"public_key": "You already added this key."}) from None
 
 
 def sshkey_delete(*, key: SshKey) -> None:
-    """Remove a key. The caller has checked that it belongs to the acting user."""
-    key.delete()
+    """Remove a key. The caller has checked that it belongs to the acting user.
+
+    The SSH gateway refuses the key from the next connection on; the person's running instances stop
+    trusting it as soon as a worker has pushed the new set (portal.sshgateway.services.keys_changed).
+    """
+    with transaction.atomic():
+        user_id = key.user_id
+        key.delete()
+        keys_changed(user_id=user_id)
 
 
 # --- Deletion ----------------------------------------------------------------------------------
@@ -537,10 +564,26 @@ def account_delete(*, user: User) -> User:
         deleted-<id>@deleted.invalid, names are cleared, the password is unusable, SSH keys and GitHub
         links are removed and every session of the user ends. The address is free for a new sign-up;
         the early-registrant grant remembers who had it, so a new account gets none. Log-in records
-    kept by django-axes under the address are deleted too. Returns the user.
+    kept by django-axes under the address are deleted too.
+
+    Every live instance of the account stops at once, in the same transaction (instances_stop_all:
+    running ones are charged up to this moment, and billing ends there), with stop_reason
+    account_deleted, which tells each teardown to remove the owner's workspace on that host too; then
+    workspaces_remove_all removes their workspace volumes on every host, retried on beat where a host
+    does not answer (audited as "account.workspaces_removed" once none is left). The deletion is audited
+    as "account.delete", under the scrubbed name, with the instances it stopped.
+    Returns the user.
     """
     with transaction.atomic():
         user = User.objects.select_for_update().get(pk=user.pk)
+        # Under the user's row lock and then the credit account's (suspension's order); instance_launch
+        # re-reads is_active under the credit account's lock, so no launch outlives the deletion.
+        stopped = instances_stop_all(
+            user_ids=[user.pk],
+            reason=StopReason.ACCOUNT_DELETED,
+            message="Stopped because the account was deleted; its workspace is removed.",
+        )
+        workspaces_remove_all(user_id=user.pk)
         # django-axes keeps log-in records under the address; they are personal data too.
         for model in (AccessAttempt, AccessFailureLog, AccessLog):
             model.objects.filter(username=user.email).delete()
@@ -555,6 +598,13 @@ def account_delete(*, user: User) -> User:
         user.ssh_keys.all().delete()
         user.social_auth.all().delete()
         _sessions_end(user_pk=user.pk)
+        audit_record(
+            actor=user,
+            action="account.delete",
+            target=user,
+            reason="Deleted by its owner.",
+            details={"instances_stopped": [str(instance_id) for instance_id in stopped.ids]},
+        )
     return user
 
 
@@ -576,10 +626,6 @@ def _sessions_end(*, user_pk, keep_session_key: str | None = None) -> int:
 
 
 # --- Suspension and launch sizes (operators) ---------------------------------------------------------
-
-# The stop reason of instances stopped by a suspension; the owner's instance page explains it.
-SUSPEND_STOP_REASON = "operator: account suspended"
-
 
 def _check_operator(actor, *, doing: str) -> None:
     if actor is None or not actor.is_staff:
@@ -614,27 +660,17 @@ def user_suspend(*, user: User, actor, reason: str) -> User:
         # instance_launch re-reads the suspension under this lock, so no launch can slip in after the
         # scan below and outlive the suspension.
         CreditAccount.objects.select_for_update().get(user_id=user.pk)
-        live = Instance.objects.filter(
-            user_id=user.pk,
-            state__in=[Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING],
+        stopped = instances_stop_all(
+            user_ids=[user.pk],
+            reason=StopReason.SUSPENDED,
+            message="Stopped because an operator suspended the account.",
         )
-        stopped = []
-        for instance_id in live.values_list("id", flat=True):
-            try:
-                instance_request_stop(
-                    instance_id=instance_id,
-                    stop_reason=SUSPEND_STOP_REASON,
-                    message="Stopped because an operator suspended the account.",
-                )
-            except ValidationError:
-                continue  # it failed or stopped on its own meanwhile: nothing left to stop
-            stopped.append(str(instance_id))
         audit_record(
             actor=actor,
             action="user.suspend",
             target=user,
             reason=reason,
-            details={"user": user.email, "instances_stopped": stopped},
+            details={"user": user.email, "instances_stopped": [str(i) for i in stopped.ids]},
         )
         notify_account_suspended(user=user, reason=reason, suspended_at=now)
     user.refresh_from_db()

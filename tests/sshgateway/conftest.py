@@ -201,7 +201,7 @@ def ssh_as(gateway, tmp_path):
             "  StrictHostKeyChecking no\n"
             "  UserKnownHostsFile /dev/null\n"
             "  BatchMode yes\n"
-            "  LogLevel ERROR\n"
+            "  LogLevel INFO\n"
             "  ConnectTimeout 20\n"
         )
         return Ssh(gateway=gateway, key=key, config=config)

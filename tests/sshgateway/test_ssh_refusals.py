@@ -1,0 +1,131 @@
+"""Everything the gateway refuses, tried with the real OpenSSH client the way an attacker or a confused
+user would, and the sentence each one reads."""
+
+import subprocess
+
+import pytest
+from django.utils import timezone
+
+from portal.accounts import services as accounts
+from portal.instances.models import Instance
+from portal.sshgateway.models import SshSession
+from provisioning.drivers.docker import DockerDriver
+
+from .conftest import add_key
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300, func_only=True)]
+
+DENIED = "Permission denied (publickey)"
+
+
+def test_another_persons_key_reaches_neither_the_instance_nor_its_sshd(alice, bob, keygen, ssh_as, launch):
+    alice_key, bob_key = keygen("alice-laptop"), keygen("bob-laptop")
+    add_key(alice, alice_key, "laptop")
+    add_key(bob, bob_key, "laptop")
+    instance = launch(alice)
+    bob_ssh = ssh_as(bob_key)
+
+    through_gateway = bob_ssh.run(instance.short_id, "id")
+    # Bob on the host's private network, straight at the published port: the instance trusts alice only.
+    straight = bob_ssh.direct(instance.driver_state["ssh_port"], "id")
+
+    assert through_gateway.returncode != 0 and "uid=" not in through_gateway.stdout
+    assert f"You have no instance named '{instance.short_id}'" in through_gateway.stderr
+    assert straight.returncode != 0 and DENIED in straight.stderr
+    assert not SshSession.objects.exists()
+
+
+def test_a_key_on_no_account_is_refused_at_the_gateway(alice, keygen, ssh_as, launch):
+    add_key(alice, keygen("alice-laptop"), "laptop")
+    instance = launch(alice)
+
+    result = ssh_as(keygen("stranger")).run(instance.short_id, "id")
+
+    assert result.returncode == 255 and DENIED in result.stderr
+
+
+def test_a_stopped_instance_is_refused(alice, keygen, ssh_as, launch, host):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    instance = launch(alice)
+    DockerDriver(host).stop(instance)
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED, stopped_at=timezone.now())
+
+    result = ssh_as(key).run(instance.short_id, "id")
+
+    assert result.returncode == 255
+    assert f"Instance {instance.short_id} is stopped, not running" in result.stderr
+
+
+def test_a_suspended_account_is_refused_with_the_reason(alice, olivia, keygen, ssh_as, launch):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    instance = launch(alice)
+    # Suspension also stops her instances; the gateway must refuse even while one still shows as running.
+    accounts.user_suspend(user=alice, actor=olivia, reason="Crypto mining on the free tier")
+    Instance.objects.filter(pk=instance.pk).update(state=Instance.State.RUNNING)
+
+    result = ssh_as(key).run(instance.short_id, "id")
+
+    assert result.returncode == 255 and "uid=" not in result.stdout
+    assert "Your account is suspended: Crypto mining on the free tier" in result.stderr
+
+
+def test_password_authentication_is_not_offered(alice, keygen, ssh_as, gateway, launch):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    launch(alice)
+
+    result = subprocess.run(
+        ["ssh", "-F", str(ssh_as(key).config), "-p", str(gateway.port),
+         "-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
+         "alice@127.0.0.1", "id"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )
+
+    # The methods in parentheses are all the gateway offers.
+    assert result.returncode == 255 and DENIED in result.stderr
+
+
+def test_an_unknown_name_is_refused_with_the_running_instances(alice, keygen, ssh_as, launch):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    instance = launch(alice)
+
+    result = ssh_as(key).run("no-such-box", "id")
+
+    assert result.returncode == 255
+    assert "You have no instance named 'no-such-box'" in result.stderr
+    assert instance.short_id in result.stderr
+
+
+def test_only_port_22_of_an_instance_is_reachable(alice, keygen, ssh_as, launch):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    instance = launch(alice)
+
+    # -W asks the gateway itself for a raw TCP stream, here to JupyterLab's port.
+    result = subprocess.run(
+        ["ssh", "-F", str(ssh_as(key).config), "-p", str(ssh_as(key).gateway.port),
+         "-W", f"{instance.short_id}:8888", "alice@127.0.0.1"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )
+
+    assert result.returncode == 255
+    assert "only the SSH server of your instances (port 22), not port 8888" in result.stderr
+
+
+def test_a_shell_on_the_gateway_prints_help_and_closes(alice, keygen, ssh_as, gateway, launch):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    instance = launch(alice)
+
+    result = subprocess.run(
+        ["ssh", "-F", str(ssh_as(key).config), "-p", str(gateway.port), "alice@127.0.0.1", "id"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )
+
+    assert result.returncode == 1 and "uid=" not in result.stdout
+    assert "It has no shell" in result.stdout
+    assert "ssh -J 127.0.0.1:2222 developer@<instance>" in result.stdout
+    assert f"Your running instances: {instance.short_id}" in result.stdout
