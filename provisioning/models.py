@@ -156,3 +156,46 @@ class HostImage(models.Model):
 
     def __str__(self):
         return f"{self.reference} on {self.host.name}: {'present' if self.present else 'missing'}"
+
+
+class Workspace(models.Model):
+    """Where a person's /workspace lives: the one host whose engine holds their workspace volume.
+
+    Written by provisioning.workspaces when a container is created with the volume, and after a verified
+    move to another host. The scheduler prefers this host for the person's launches (it saves a move).
+    One row per person: the workspace follows them, so it is in one place at a time.
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="workspace")
+    host = models.ForeignKey(GpuHost, on_delete=models.CASCADE, related_name="workspaces")
+    volume_name = models.CharField(max_length=200)
+    # Size of its files when last measured (at a move); 0 until then.
+    bytes = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"{self.volume_name} on {self.host.name}"
+
+
+class WorkspaceRemoval(models.Model):
+    """A host on which a deleted account's workspace volumes may still be left, to be removed.
+
+    Written for every host when an account is deleted (provisioning.workspaces.workspaces_remove_all) and
+    deleted once that host's engine shows none of the account's volumes; a host that did not answer, or
+    whose volume was still in use by a container being stopped, keeps its row for the next beat.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    host = models.ForeignKey(GpuHost, on_delete=models.CASCADE, related_name="workspace_removals")
+    created_at = models.DateTimeField(auto_now_add=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # Why the last attempt left something behind.
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "host"], name="provisioning_workspaceremoval_unique"),
+        ]
+
+    def __str__(self):
+        return f"workspaces of user {self.user_id} on {self.host.name}"

@@ -1,0 +1,490 @@
+"""Workspaces that follow their owner from host to host.
+
+A person's /workspace is a volume on one host's engine (provisioning.drivers.docker.volume_name), and
+Workspace records which host. Placement prefers that host (provisioning/scheduler.py). When a launch
+lands elsewhere, the docker driver calls workspace_prepare before it creates the container, and the
+volume is moved:
+
+  1. on the source engine, a helper container (never started) mounts the volume read-only, and the
+     engine's archive API streams /workspace as tar;
+  2. on the destination engine, the volume is made, a second helper mounts it, and the same chunks are
+     fed to its archive API as they arrive (a pipe: the tar is never held whole in memory);
+  3. both sides count files and bytes and digest names, modes, owners and contents inside short-lived
+     helpers (find | sort | sha256sum); only when the two agree does Workspace point at the new host and
+     the old volume go. On a mismatch the launch fails with the reason, the source volume is kept, the
+     half-made copy removed, and nothing is charged (an instance that never turned ready is never metered).
+
+Helpers are hardened: no network, read-only root filesystem, all capabilities dropped (reading uses
+only DAC_READ_SEARCH, so files uid 1000 made unreadable still count), no-new-privileges, small memory and
+pids limits. They run the instance's own image, which the destination has; on the source, that image if
+it is there, otherwise any catalogue image (labelled devcloud.image) the source holds.
+
+When the workspace cannot be moved now (its host is down or does not answer, or another live instance
+of the same person uses it there) the launch goes on with the destination's own volume (empty the first
+time) and the timeline says why; Workspace keeps pointing at the files, and a later launch brings them
+(placement prefers their host). If that later move lands on a volume that has files of its own, those
+are set aside inside it in a folder named after the date first (kept-<yyyymmdd-hhmmss>), never
+overwritten. docs/architecture.md, "Workspaces", has the rules.
+
+Deleting an account removes its workspace volumes on every host: workspaces_remove_all records one
+WorkspaceRemoval per host, the task provisioning.remove_workspaces works through them, and the same task
+on beat retries the hosts that did not answer.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
+
+import docker
+import docker.errors
+import requests.exceptions
+from django.db import transaction
+from docker.types import Mount
+
+from portal.console.services import audit_record
+from portal.lib.tasks import publish
+
+from .drivers.base import DriverError
+from .models import GpuHost, Workspace, WorkspaceRemoval
+
+logger = logging.getLogger(__name__)
+
+MB = 1024 * 1024
+WORKSPACE = "/workspace"
+# Bytes the engine's archive stream hands over at a time; the most a move holds in memory.
+CHUNK_BYTES = 1 * MB
+# Seconds between two progress reports while a workspace streams (each becomes a timeline line).
+PROGRESS_EVERY_SECONDS = 2.0
+# Seconds a helper may take to count and digest a workspace (reads every byte once).
+HELPER_TIMEOUT = 3600
+HELPER_LABEL = "devcloud.helper"
+
+# Prints: files bytes entries tar_estimate / metadata digest / content digest, for ./ minus EXCLUDE.
+# The tar estimate (a header per entry, contents in 512-byte blocks) only scales the progress shown.
+_TALLY = r"""
+set -eu
+cd /workspace
+skip() { if [ -n "$EXCLUDE" ]; then find . -path "./$EXCLUDE" -prune -o "$@"; else find . "$@"; fi; }
+skip -printf '%y %s\n' | awk '{e++; t+=512; if ($1=="f") {n++; b+=$2; t+=int(($2+511)/512)*512}}
+  END {printf "%d %d %d %d\n", n, b, e, t+1024}'
+skip -printf '%y %m %U:%G %l %p\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1
+skip -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum | sha256sum | cut -d' ' -f1
+"""
+
+# Moves whatever the destination volume already holds into one folder, so nothing there is overwritten.
+_SET_ASIDE = r"""
+set -eu
+cd /workspace
+mkdir "$ASIDE"
+for entry in .[!.]* ..?* *; do
+  if [ -e "$entry" ] || [ -L "$entry" ]; then
+    [ "$entry" = "$ASIDE" ] || mv -- "$entry" "$ASIDE/"
+  fi
+done
+"""
+
+
+# What asking the source engine can raise when it is down, unreachable or refuses.
+UNREADABLE = (DriverError, LookupError, docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+class WorkspaceMismatch(Exception):
+    """The copy did not arrive whole: what differs, in words."""
+
+
+class SourceUnavailable(Exception):
+    """The source engine could not be asked for the workspace (down, unreachable, refused)."""
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a helper counted in a workspace."""
+
+    files: int
+    bytes: int
+    entries: int
+    tar_estimate: int
+    metadata_digest: str
+    content_digest: str
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    files: int
+    bytes: int
+    seconds: float
+    # Name of the folder inside the destination volume its earlier files were set aside into, or "".
+    set_aside: str = ""
+
+
+def size_text(n_bytes: int) -> str:
+    """"312 MB", or with one decimal below 10 MB ("0.4 MB")."""
+    value = n_bytes / MB
+    return f"{value:.0f} MB" if value >= 10 else f"{value:.1f} MB"
+
+
+# --- Engine level: helpers, tallies and the stream -------------------------------------------------
+
+
+def _helper(client, image: str, volume: str, *, writable: bool, script="", environment=None, user="0:0"):
+    """A created (not started) hardened container mounting `volume` at /workspace; `script` runs with sh."""
+    return client.containers.create(
+        image,
+        entrypoint=["sh", "-c", script] if script else ["true"],
+        command=[],
+        user=user,
+        environment=environment or {},
+        labels={HELPER_LABEL: "workspace"},
+        network_mode="none",
+        read_only=True,
+        cap_drop=["ALL"],
+        cap_add=[] if writable else ["DAC_READ_SEARCH"],
+        security_opt=["no-new-privileges:true"],
+        mem_limit=256 * MB,
+        pids_limit=64,
+        mounts=[Mount(target=WORKSPACE, source=volume, type="volume", read_only=not writable)],
+        detach=True,
+    )
+
+
+def _run_helper(client, image: str, volume: str, script: str, *, writable=False, environment=None, user="0:0"):
+    """Runs `script` in a helper and returns its output. Raises RuntimeError with its output on failure."""
+    container = _helper(
+        client, image, volume, writable=writable, script=script, environment=environment, user=user
+    )
+    try:
+        container.start()
+        status = container.wait(timeout=HELPER_TIMEOUT)["StatusCode"]
+        output = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        if status != 0:
+            errors = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            raise RuntimeError(f"the helper exited with {status}: {errors.strip()[-500:]}")
+        return output
+    finally:
+        container.remove(force=True)
+
+
+def tally(client, image: str, volume: str, *, exclude: str = "") -> Tally:
+    """Counts and digests the files in `volume` (minus the top-level folder `exclude`), inside a helper."""
+    lines = _run_helper(client, image, volume, _TALLY, environment={"EXCLUDE": exclude}).split()
+    files, n_bytes, entries, estimate, metadata, content = lines
+    return Tally(int(files), int(n_bytes), int(entries), int(estimate), metadata, content)
+
+
+def volume_exists(client, volume: str) -> bool:
+    try:
+        client.volumes.get(volume)
+        return True
+    except docker.errors.NotFound:
+        return False
+
+
+def volume_copy(
+    *,
+    source_client,
+    source_volume: str,
+    source_image: str,
+    dest_client,
+    dest_volume: str,
+    dest_image: str,
+    dest_labels=None,
+    progress=None,
+    before_verify=None,
+) -> MoveResult:
+    """Streams `source_volume` into `dest_volume` on another engine and checks it arrived whole.
+
+    The destination volume is made when missing (with `dest_labels`); files it already has are set aside
+    into a kept-<date> folder inside it first. `progress(moved_bytes, total_bytes)` is called as chunks
+    pass (the first call with 0). `before_verify(dest_client, dest_volume)` runs between the copy and the
+    check (tests tamper there). Returns a MoveResult.
+
+    Raises SourceUnavailable when the source could not be read before anything was copied,
+    WorkspaceMismatch when the check fails, docker/requests errors from either engine otherwise.
+    The source volume is never changed.
+    """
+    began = time.monotonic()
+    report = progress or (lambda moved, total: None)
+    try:
+        expected = tally(source_client, source_image, source_volume)
+        source_helper = _helper(source_client, source_image, source_volume, writable=False)
+    except (docker.errors.DockerException, requests.exceptions.RequestException, RuntimeError) as error:
+        raise SourceUnavailable(str(getattr(error, "explanation", None) or error)) from error
+    try:
+        set_aside = ""
+        if not volume_exists(dest_client, dest_volume):
+            dest_client.volumes.create(dest_volume, labels=dest_labels or {})
+        elif tally(dest_client, dest_image, dest_volume).entries > 1:
+            set_aside = "kept-" + datetime.now(dt_timezone.utc).strftime("%Y%m%d-%H%M%S")
+            _run_helper(
+                dest_client, dest_image, dest_volume, _SET_ASIDE, writable=True,
+                environment={"ASIDE": set_aside}, user="1000:1000",
+            )  # fmt: skip
+        dest_helper = _helper(dest_client, dest_image, dest_volume, writable=True)
+        try:
+            stream, _ = source_helper.get_archive(f"{WORKSPACE}/.", chunk_size=CHUNK_BYTES)
+            dest_helper.put_archive(WORKSPACE, _counted(stream, expected, report))
+        finally:
+            dest_helper.remove(force=True)
+    finally:
+        source_helper.remove(force=True)
+    if before_verify is not None:
+        before_verify(dest_client, dest_volume)
+    arrived = tally(dest_client, dest_image, dest_volume, exclude=set_aside)
+    differences = _differences(expected, arrived)
+    if differences:
+        raise WorkspaceMismatch("; ".join(differences))
+    return MoveResult(
+        files=arrived.files, bytes=arrived.bytes, seconds=time.monotonic() - began, set_aside=set_aside
+    )
+
+
+def _counted(stream, expected: Tally, report):
+    """Yields the archive's chunks unchanged, reporting file bytes moved (scaled from tar bytes)."""
+    report(0, expected.bytes)
+    moved = 0
+    last = time.monotonic()
+    for chunk in stream:
+        moved += len(chunk)
+        yield chunk
+        if time.monotonic() - last >= PROGRESS_EVERY_SECONDS:
+            last = time.monotonic()
+            scaled = moved * expected.bytes // max(expected.tar_estimate, 1)
+            report(min(expected.bytes, scaled), expected.bytes)
+    report(expected.bytes, expected.bytes)
+
+
+def _differences(expected: Tally, arrived: Tally) -> list[str]:
+    differences = []
+    if arrived.files != expected.files:
+        differences.append(f"{arrived.files} of {expected.files} files arrived")
+    if arrived.bytes != expected.bytes:
+        differences.append(f"{arrived.bytes} bytes arrived instead of {expected.bytes}")
+    if arrived.metadata_digest != expected.metadata_digest:
+        differences.append("names, modes or owners differ")
+    if arrived.content_digest != expected.content_digest:
+        differences.append("file contents differ")
+    return differences
+
+
+def helper_image(client, preferred: str) -> str:
+    """`preferred` when the engine has it, else a catalogue image (labelled devcloud.image) it has.
+
+    Raises LookupError when it has neither.
+    """
+    try:
+        client.images.get(preferred)
+        return preferred
+    except docker.errors.ImageNotFound:
+        pass
+    for image in client.images.list(filters={"label": "devcloud.image"}):
+        if image.tags:
+            return image.tags[0]
+    raise LookupError("no DevCloud image to run a helper with")
+
+
+# --- Launch path: the docker driver calls these -----------------------------------------------------
+
+
+def workspace_prepare(*, driver, instance, progress=None) -> str:
+    """Brings the owner's workspace to `driver.host` before the instance's container is made.
+
+    Returns what happened: "here" (no workspace yet, or already on this host), "moved" (verified; the
+    Workspace row now points here and the old volume is removed) or "left" (its host is down, does not
+    answer, or another live instance uses it there: the instance starts with this host's own volume and
+    `progress` is told why). `progress(message)` gets lines for the instance's timeline.
+
+    Raises DriverError(permanent=True) when the copy did not arrive whole (the source is kept, the
+    half-made copy removed), DriverError(permanent=False) when this host's engine fails meanwhile.
+    """
+    from .drivers.docker import DockerDriver, volume_labels, volume_name
+
+    say = progress or (lambda message: None)
+    workspace = Workspace.objects.select_related("host").filter(user_id=instance.user_id).first()
+    host = driver.host
+    if workspace is None or workspace.host_id == host.pk:
+        return "here"
+    source = workspace.host
+    volume = workspace.volume_name
+    dest_client = driver.client()
+    source_driver = DockerDriver(source)
+    left = (
+        f"Your workspace is on {source.name}, which {{why}}, so this instance starts with the /workspace "
+        f"kept on {host.name} (empty if you never worked there). Your files on {source.name} are kept and "
+        "come with your next launch once it can be moved; anything this /workspace already holds then is "
+        "set aside in a kept-<date> folder, never overwritten."
+    )
+    if source.state == GpuHost.State.DOWN:
+        say(left.format(why="is down"))
+        return "left"
+    try:
+        source_client = source_driver.client()
+        if _same_engine(source_client, dest_client):
+            # Two host rows for one engine: the volume is already here.
+            _point(workspace, host=host, n_bytes=workspace.bytes)
+            return "here"
+        in_use = source_client.containers.list(all=True, filters={"volume": volume})
+        source_image = helper_image(source_client, instance.image.reference)
+    except UNREADABLE as error:
+        logger.warning("Workspace of user %s on %s cannot be read: %s", instance.user_id, source.name, error)
+        say(left.format(why="does not answer"))
+        return "left"
+    if in_use:
+        say(left.format(why="another of your instances is using"))
+        return "left"
+    dest_image = instance.image.reference
+    target = volume_name(instance.user_id)
+    created = not volume_exists(dest_client, target)
+    say(f"Moving your workspace from {source.name} to {host.name}.")
+    try:
+        result = volume_copy(
+            source_client=source_client,
+            source_volume=volume,
+            source_image=source_image,
+            dest_client=dest_client,
+            dest_volume=target,
+            dest_image=dest_image,
+            dest_labels=volume_labels(instance.user_id),
+            progress=lambda moved, total: say(
+                f"Moving your workspace from {source.name}: {size_text(moved)[:-3]} of {size_text(total)}"
+            ),
+            before_verify=before_verify_hook,
+        )
+    except SourceUnavailable as error:
+        logger.warning("Workspace of user %s on %s cannot be read: %s", instance.user_id, source.name, error)
+        if created:
+            _remove_quietly(dest_client, target)
+        say(left.format(why="does not answer"))
+        return "left"
+    except WorkspaceMismatch as error:
+        if created:
+            _remove_quietly(dest_client, target)
+        raise DriverError(
+            f"Your workspace did not arrive whole on {host.name} ({error}), so the launch was stopped. Your "
+            f"files are untouched on {source.name}. Launch again; if it happens again, tell the operators.",
+            permanent=True,
+        ) from error
+    except Exception as error:
+        if created:
+            _remove_quietly(dest_client, target)
+        raise driver._api_error(error, "moving the workspace") from error
+    _point(workspace, host=host, n_bytes=result.bytes, volume=target)
+    kept = f" Files this host already had are in /workspace/{result.set_aside}." if result.set_aside else ""
+    say(
+        f"Your workspace arrived whole on {host.name}: {result.files} files, {size_text(result.bytes)}, "
+        f"checked.{kept}"
+    )
+    try:
+        source_client.volumes.get(volume).remove()
+    except Exception as error:  # noqa: BLE001 -- the move stands; the old copy is only space
+        logger.warning("Could not remove the old workspace %s on %s: %s", volume, source.name, error)
+    return "moved"
+
+
+# Called between a move's copy and its check; None in production. Tests set it to tamper with the copy.
+before_verify_hook = None
+
+
+def _same_engine(one, other) -> bool:
+    return one.info().get("ID") == other.info().get("ID")
+
+
+def _point(workspace: Workspace, *, host, n_bytes: int, volume: str | None = None) -> None:
+    workspace.host = host
+    workspace.bytes = n_bytes
+    if volume:
+        workspace.volume_name = volume
+    workspace.save(update_fields=["host", "bytes", "volume_name", "updated_at"])
+
+
+def _remove_quietly(client, volume: str) -> None:
+    try:
+        client.volumes.get(volume).remove(force=True)
+    except Exception as error:  # noqa: BLE001 -- the failure being reported matters more
+        logger.warning("Could not remove the half-made workspace %s: %s", volume, error)
+
+
+def workspace_created(*, user_id, host, volume: str) -> Workspace:
+    """Records that a container was made with `volume` on `host`, when the person had no workspace yet.
+
+    An existing row is left alone: it points at their files, which only a verified move changes.
+    Returns the row.
+    """
+    workspace, _ = Workspace.objects.get_or_create(
+        user_id=user_id, defaults={"host": host, "volume_name": volume}
+    )
+    return workspace
+
+
+# --- Account deletion ------------------------------------------------------------------------------
+
+
+def workspaces_remove_all(*, user_id) -> int:
+    """Removes a deleted account's workspaces on every host: records a WorkspaceRemoval per host that is
+    not retired, drops the Workspace row, and (after the caller's transaction commits) asks the
+    provisioning.remove_workspaces task to do it. Call it after the account's instances were stopped.
+
+    Returns how many hosts are to be cleared. Beat runs the task again for hosts that did not answer.
+    """
+    from . import tasks
+
+    hosts = list(GpuHost.objects.exclude(state=GpuHost.State.RETIRED).values_list("pk", flat=True))
+    with transaction.atomic():
+        WorkspaceRemoval.objects.bulk_create(
+            [WorkspaceRemoval(user_id=user_id, host_id=host_id) for host_id in hosts], ignore_conflicts=True
+        )
+        Workspace.objects.filter(user_id=user_id).delete()
+        transaction.on_commit(lambda: publish(tasks.remove_workspaces, kwargs={"user_id": user_id}))
+    return len(hosts)
+
+
+def workspace_removals_run(*, user_id=None) -> dict:
+    """Removes the volumes each pending WorkspaceRemoval names (all of them, or `user_id`'s).
+
+    A host whose engine shows none of the account's volumes any more loses its row; one that does not
+    answer, or whose volume is still mounted by a container being stopped, keeps it with the error, for
+    the next run. When the last row of an account goes, the removal is audited as
+    "account.workspaces_removed". Returns {"removed": volumes removed, "left": hosts still pending}.
+    """
+    from .drivers.docker import DockerDriver, portal_id
+
+    pending = WorkspaceRemoval.objects.select_related("host", "user").order_by("id")
+    if user_id is not None:
+        pending = pending.filter(user_id=user_id)
+    removed = left = 0
+    done_by_user: dict[int, list[str]] = {}
+    for removal in pending:
+        driver = DockerDriver(removal.host)
+        names = []
+        try:
+            client = driver.client()
+            volumes = client.volumes.list(
+                filters={"label": [f"devcloud.user={removal.user_id}", f"devcloud.portal={portal_id()}"]}
+            )
+            for volume in volumes:
+                volume.remove()
+                names.append(volume.name)
+        except Exception as error:  # noqa: BLE001 -- kept for the next run, with the reason
+            WorkspaceRemoval.objects.filter(pk=removal.pk).update(
+                attempts=removal.attempts + 1, last_error=str(getattr(error, "message", error))[:1000]
+            )
+            removed += len(names)
+            left += 1
+            continue
+        removed += len(names)
+        removal.delete()
+        done = done_by_user.setdefault(removal.user_id, [])
+        done.extend(f"{name} on {removal.host.name}" for name in names)
+    for done_user_id, volumes in done_by_user.items():
+        if not WorkspaceRemoval.objects.filter(user_id=done_user_id).exists():
+            from django.contrib.auth import get_user_model
+
+            audit_record(
+                actor=None,
+                action="account.workspaces_removed",
+                target=get_user_model().objects.filter(pk=done_user_id).first(),
+                reason="The account was deleted.",
+                details={"volumes": volumes},
+            )
+    return {"removed": removed, "left": left}
+
