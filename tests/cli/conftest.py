@@ -1,0 +1,74 @@
+"""The CLI against a live portal: Django's live_server (a real HTTP server on 127.0.0.1) with the fake
+driver, and `python -m portal.cli` run as a separate process with its own config directory."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.cache import caches
+from django.core.management import call_command
+
+from portal.api import services
+from provisioning.drivers import fake
+from tests.api.conftest import give
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        call_command("createcachetable", verbosity=0)
+
+
+@pytest.fixture
+def portal(live_server, settings, transactional_db):
+    """The live portal, launching on the fake driver: with tasks run inline (the test settings), the
+    provisioning task runs when the launch commits, so a launch is running by the time it answers."""
+    settings.DEVCLOUD_DRIVER = "fake"
+    settings.LAUNCH_MIN_CREDIT_MINUTES = 15
+    settings.ALLOWED_HOSTS = ["*"]
+    fake.install()
+    fake.make_host()
+    fake.make_image("cpu", sizes=["1x", "8x"], name="CPU")
+    caches["ratelimit"].clear()
+    return live_server.url
+
+
+@pytest.fixture
+def alice_token(alice, portal):
+    give(alice, 25)
+    return services.token_create(user=alice, name="cli", scope="launch", days=30)[1]
+
+
+class Cli:
+    """Runs `devcloud` (python -m portal.cli) in a fresh process with XDG_CONFIG_HOME=`home`."""
+
+    def __init__(self, home: Path, path_prefix: str = ""):
+        self.home = home
+        self.path_prefix = path_prefix
+
+    def __call__(self, *args: str, input: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+        environment = {
+            key: value for key, value in os.environ.items() if key not in ("DEVCLOUD_URL", "DEVCLOUD_TOKEN")
+        }
+        environment["XDG_CONFIG_HOME"] = str(self.home)
+        if self.path_prefix:
+            environment["PATH"] = f"{self.path_prefix}:{environment.get('PATH', '')}"
+        environment.update(env or {})
+        return subprocess.run(
+            [sys.executable, "-m", "portal.cli", *args],
+            cwd=REPO,
+            env=environment,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+
+@pytest.fixture
+def devcloud(tmp_path):
+    return Cli(tmp_path / "config")
