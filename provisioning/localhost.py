@@ -134,7 +134,16 @@ def local_host_ensure(
                 discover=False,
             )
             notes.append(f"Registered this machine as GPU host {name}.")
-        wanted = {"docker_url": docker_url, "sysfs_root": sysfs_root, "dev_root": dev_root, "is_simulated": simulated}
+        wanted = {
+            "docker_url": docker_url,
+            # The same rules as adding a host (no plain TCP, a unix socket publishes on this machine).
+            "private_address": services.host_endpoint_check(
+                docker_url=docker_url, private_address=host.private_address
+            ),
+            "sysfs_root": sysfs_root,
+            "dev_root": dev_root,
+            "is_simulated": simulated,
+        }
         changed = [key for key, value in wanted.items() if getattr(host, key) != value]
         for key in changed:
             setattr(host, key, wanted[key])

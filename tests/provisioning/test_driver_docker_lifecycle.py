@@ -189,8 +189,14 @@ def test_it_fails_for_good_when_a_render_node_is_missing(docker_portal, alice, h
 
 
 @pytest.mark.parametrize("docker_url", ["unix:///nonexistent.sock", "tcp://127.0.0.1:1"])
-def test_it_fails_for_now_when_the_engine_cannot_be_reached(docker_url, alice, host, image):
+def test_it_fails_for_now_when_the_engine_cannot_be_reached(docker_url, alice, host, image, host_pki):
     host.docker_url = docker_url
+    if docker_url.startswith("tcp://"):
+        host.tls_ca_cert, host.tls_client_cert, host.tls_client_key = (
+            host_pki.ca_cert,
+            host_pki.client_cert,
+            host_pki.client_key,
+        )
     instance = make_instance(alice, image, host)
     driver = DockerDriver(host)
 
@@ -203,6 +209,18 @@ def test_it_fails_for_now_when_the_engine_cannot_be_reached(docker_url, alice, h
             call()
         assert failure.value.permanent is False
         assert "cannot be reached" in failure.value.message
+
+
+def test_it_never_reaches_an_engine_on_plain_tcp_even_when_a_host_was_saved_with_one(alice, host, image):
+    # Saved before the rule, or written to the database by hand: nothing is sent to it.
+    host.docker_url = "tcp://127.0.0.1:1"
+    instance = make_instance(alice, image, host)
+
+    with pytest.raises(DriverError) as failure:
+        DockerDriver(host).start(instance, one_gpu(host))
+
+    assert failure.value.permanent is True
+    assert "Refused: tcp://127.0.0.1:1 has no TLS." in failure.value.message
 
 
 def test_it_keeps_tls_material_in_private_files(alice, host, image):
