@@ -27,6 +27,7 @@ from portal.api import selectors as api_selectors
 from portal.api import services as api_services
 from portal.api.forms import ApiTokenForm
 from portal.api.models import ApiToken
+from portal.sshgateway.selectors import connection_help
 
 from . import selectors, services
 from .forms import (
@@ -338,6 +339,7 @@ def _settings_page(request, *, key_form=None, token_form=None, new_token="", sta
     context = {
         "github": selectors.github_account_for(request.user),
         "ssh_keys": selectors.ssh_keys_for(request.user),
+        "ssh": connection_help(request.user),
         "key_form": key_form or SshKeyForm(),
         "api_tokens": api_selectors.tokens_of(request.user),
         "token_form": token_form or ApiTokenForm(),

@@ -30,3 +30,34 @@ def last_session_activity(instance_ids) -> dict:
         .annotate(last=Max("last_seen_at"))
     )
     return {row["instance_id"]: row["last"] for row in rows}
+
+
+def connection_help(user) -> dict:
+    """What the settings page shows about SSH: the command, an example instance and the config block.
+
+    Returns {"command", "example", "config", "available"}; `available` is False when instances run with
+    the local driver, which has no SSH.
+    """
+    from django.conf import settings
+
+    from portal.instances.models import Instance
+
+    from .access import HOSTNAME_PREFIX, gateway_command
+
+    running = Instance.objects.filter(user=user, state=Instance.State.RUNNING).order_by("-created_at").first()
+    example = running.short_id if running else "<instance>"
+    config = (
+        f"Host {HOSTNAME_PREFIX}gateway\n"
+        f"    HostName {settings.SSH_GATEWAY_HOST}\n"
+        f"    Port {settings.SSH_GATEWAY_PORT}\n"
+        f"\n"
+        f"Host {HOSTNAME_PREFIX}* !{HOSTNAME_PREFIX}gateway\n"
+        f"    User developer\n"
+        f"    ProxyJump {HOSTNAME_PREFIX}gateway\n"
+    )
+    return {
+        "command": gateway_command(example),
+        "example": f"{HOSTNAME_PREFIX}{running.short_id if running else '1a2b3c4d'}",
+        "config": config,
+        "available": getattr(settings, "DEVCLOUD_DRIVER", "docker") != "local",
+    }
