@@ -9,6 +9,8 @@
 #   nginx-core  the gateway's production nginx block is tested in front of a real JupyterLab
 #   chromium    /usr/bin/chromium for Playwright (never a downloaded browser), fonts-dejavu-core
 #   debootstrap to build the CPU JupyterLab image without a registry
+#   fleet       the test fleet (tests/support/fleet.py): ip (iproute2), nsenter (util-linux), iptables,
+#               docker-registry; a registry and engines in network namespaces, started by the tests
 #
 # Writes var/test-env (sourced by `make test`) when the tests need settings other than the defaults,
 # e.g. a DATABASE_URL with a password. Exit status: non-zero when PostgreSQL or Redis cannot be made to
@@ -25,7 +27,7 @@ echo "test-services: checking PostgreSQL, Redis, Docker, Chromium"
 
 # --- Packages ---------------------------------------------------------------------------------------
 needed=(postgresql redis-server docker.io debootstrap debian-archive-keyring chromium fonts-dejavu-core
-  ca-certificates xz-utils nginx-core)
+  ca-certificates xz-utils nginx-core iproute2 util-linux iptables docker-registry)
 if ! bash scripts/apt-install.sh "${needed[@]}"; then
   echo "test-services: could not install ${needed[*]}" >&2
   exit 1
@@ -142,3 +144,5 @@ else
   status chromium "NOT FOUND at /usr/bin/chromium: browser tests will fail (Ubuntu: no deb package, see README)"
 fi
 status debootstrap "$(command -v debootstrap || echo 'NOT FOUND')"
+fleet_tools=$(for tool in ip nsenter iptables dockerd docker-registry; do command -v "$tool" >/dev/null || printf '%s ' "$tool"; done)
+status fleet "${fleet_tools:+MISSING $fleet_tools(the fleet tests will skip)}${fleet_tools:-ip, nsenter, iptables, dockerd, docker-registry}"
