@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
 from portal.console.services import audit_record
+from portal.instances import services as instance_services
 from portal.instances.models import Image, Instance
 
 from . import health, images, selectors, services
@@ -493,7 +494,7 @@ class GpuHostAdmin(admin.ModelAdmin):
                     messages.SUCCESS,
                 )
             elif operation.key == "evict":
-                summary = services.host_evict(host_id=host.pk, actor=actor, reason=reason)
+                summary = instance_services.host_evict(host_id=host.pk, actor=actor, reason=reason)
                 self.message_user(request, str(summary), messages.SUCCESS)
             elif operation.key == "retire":
                 services.host_retire(host_id=host.pk, actor=actor, reason=reason)

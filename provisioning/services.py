@@ -1,8 +1,9 @@
-"""Operations on GPU hosts: register, check the Docker engine, discover GPUs, drain, cordon and evict,
-retire and reactivate; and the operator's stops of instances (one, or all of a host's).
+"""Operations on GPU hosts: register, check the Docker engine, discover GPUs, drain, cordon, retire and
+reactivate. Host images are in images.py.
 
-Instance lifecycles live elsewhere (portal.instances.services, provisioning.lifecycle): the stops here go
-through instance_request_stop and add the owner's notice and the audit entry. Host images are in images.py.
+This is the fleet layer: it never changes an instance. Stopping instances (an operator's force stop, the
+stops of a host eviction) belongs to the instance lifecycle, portal/instances/services.py, which calls
+host_cordon here and then stops what it returns.
 """
 
 import re
@@ -15,14 +16,11 @@ import docker
 import docker.errors
 import docker.tls
 import requests
-from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from portal.console.services import audit_record
 from portal.instances.models import Instance
-from portal.instances.services import instance_request_stop
-from portal.notifications.services import StopReason, notify_instance_stopped
 
 from .engine import (
     EngineSettingsError,
@@ -41,11 +39,6 @@ ENGINE_TIMEOUT_SECONDS = 5
 # A GPU whose render minor must make way for another node's is parked above any real minor until it is
 # rewritten, so the (host, render_minor) unique constraint holds at every statement.
 PARKED_MINOR_BASE = 1_000_000
-# What the owner's instance page shows for an instance stopped by a host eviction.
-STOP_REASON_EVICTED = "operator: host evicted"
-STOP_REASON_PREFIX = "operator: "
-# Instance.stop_reason holds 200 characters, the prefix included.
-FORCE_STOP_REASON_MAX = 200 - len(STOP_REASON_PREFIX)
 
 
 class HostError(Exception):
@@ -379,65 +372,30 @@ def host_drain(*, host_id: int, actor=None, reason: str = "") -> GpuHost:
     return host
 
 
-@dataclass
-class EvictionSummary:
-    """What host_evict did: instances it stopped (their owners were told) and ones already stopping."""
+def host_cordon(*, host_id: int, actor, reason: str) -> tuple[GpuHost, list]:
+    """Cordon the host for an eviction: draining, so nothing new is placed there. Audited as "host.evict"
+    with `reason` and the instances on it, before anyone stops them, so the log shows the eviction even
+    if a stop fails halfway. Returns (the host, ids of its live instances, oldest first); the instance
+    lifecycle (portal.instances.services.host_evict) stops them.
 
-    host: GpuHost
-    stopped: list = field(default_factory=list)
-    already_stopping: list = field(default_factory=list)
-
-    def __str__(self):
-        text = f"Evicted {self.host.name}: it is draining, {len(self.stopped)} instance(s) stopped and their owners told"
-        if self.already_stopping:
-            text += f"; {len(self.already_stopping)} were already stopping"
-        return text + "."
-
-
-def host_evict(*, host_id: int, actor, reason: str) -> EvictionSummary:
-    """Cordon the host (draining: nothing new is placed) and stop every instance on it, telling each owner.
-
-    Each queued, provisioning or running instance on the host is stopped as an operator stop
-    (stop_reason "operator: host evicted", charged up to now, workspace kept), and its owner gets an
-    instance_stopped notice carrying `reason`. Instances already stopping are left to finish. Audited as
-    "host.evict" before the stops, so the log shows the eviction even if a stop fails halfway; running
-    it again stops whatever is left and tells nobody twice. Returns an EvictionSummary.
-
-    Raises ValueError for a blank reason (the owners read it) and HostError for a retired host.
+    Raises HostError for a retired host.
     """
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValueError("Evicting a host needs a reason: the owners of its instances read it.")
     with transaction.atomic():
         host = _lock_host(host_id)
         _refuse_retired(host, "be evicted")
         previous = host.state
         GpuHost.objects.filter(pk=host_id).update(state=GpuHost.State.DRAINING)
         host.state = GpuHost.State.DRAINING
-        live = list(_live_instances(host).order_by("created_at"))
+        live = [instance.id for instance in _live_instances(host).order_by("created_at")]
         _audit(
             actor=actor,
             action="host.evict",
             host=host,
             reason=reason,
             previous_state=previous,
-            instances=[str(instance.id) for instance in live],
+            instances=[str(instance_id) for instance_id in live],
         )
-    summary = EvictionSummary(host=host)
-    for instance in live:
-        if instance.state == Instance.State.STOPPING:
-            summary.already_stopping.append(instance)
-            continue
-        # One transaction per instance: a stop that fails (it ended meanwhile) leaves the others alone.
-        stopped = _operator_stop(
-            instance_id=instance.id,
-            stop_reason=STOP_REASON_EVICTED,
-            reason=reason,
-            message=f"Stopped by an operator, who is evicting host {host.name}: {reason}",
-        )
-        if stopped is not None:
-            summary.stopped.append(stopped)
-    return summary
+    return host, live
 
 
 def host_retire(*, host_id: int, actor, reason: str) -> GpuHost:
@@ -481,65 +439,3 @@ def host_activate(*, host_id: int, actor=None, reason: str = "") -> GpuHost:
         host.state = GpuHost.State.ACTIVE
         _audit(actor=actor, action="host.activate", host=host, reason=reason, previous_state=previous)
     return host
-
-
-# --- Operator stops ----------------------------------------------------------------------------------
-#
-# The stop itself is portal.instances.services.instance_request_stop (billing ends at once, teardown is
-# enqueued); an operator's stop adds the notice to the owner, in the same transaction.
-
-
-def _operator_stop(*, instance_id, stop_reason: str, reason: str, message: str):
-    """Stop one instance for an operator and tell its owner why. Returns the Instance, or None when it
-    had already ended or was already stopping for another reason (then nobody is told anything)."""
-    with transaction.atomic():
-        try:
-            instance = instance_request_stop(
-                instance_id=instance_id, stop_reason=stop_reason, message=message
-            )
-        except ValidationError:
-            return None
-        if instance.stop_reason != stop_reason:
-            return None  # it was stopping already, for its own reason
-        notify_instance_stopped(instance=instance, reason=StopReason.OPERATOR, operator_reason=reason)
-    return instance
-
-
-def instance_force_stop(*, instance_id, actor, reason: str):
-    """An operator stops one instance. Returns it (stopping, or stopped if it was still queued).
-
-    The owner sees `reason` on their instance page (stop_reason "operator: <reason>") and in the
-    instance_stopped email; the audit log records it as "instance.force_stop". Billing ends at once.
-
-    Raises ValueError for a blank reason or one longer than FORCE_STOP_REASON_MAX characters, and
-    django's ValidationError when the instance has already ended or is already stopping.
-    """
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValueError("A force stop needs a reason: the owner reads it.")
-    if len(reason) > FORCE_STOP_REASON_MAX:
-        raise ValueError(f"Keep the reason within {FORCE_STOP_REASON_MAX} characters.")
-    with transaction.atomic():
-        before = Instance.objects.select_related("user", "host").get(id=instance_id)
-        if before.state == Instance.State.STOPPING:
-            raise ValidationError("This instance is already stopping.")
-        instance = _operator_stop(
-            instance_id=instance_id,
-            stop_reason=f"{STOP_REASON_PREFIX}{reason}",
-            reason=reason,
-            message=f"Stopped by an operator: {reason}",
-        )
-        if instance is None:
-            raise ValidationError(f"This instance has already {before.state}.")
-        audit_record(
-            actor=actor,
-            action="instance.force_stop",
-            target=instance,
-            reason=reason,
-            details={
-                "owner": before.user.email,
-                "previous_state": before.state,
-                "host": before.host.name if before.host_id else "",
-            },
-        )
-    return instance

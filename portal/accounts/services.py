@@ -29,9 +29,9 @@ from django.utils.http import urlsafe_base64_encode
 from portal.console.services import actor_name_of, audit_record
 from portal.credits.models import CreditAccount
 from portal.credits.services import credits_grant_signup
-from portal.instances.models import Instance
-from portal.instances.services import instance_request_stop
+from portal.instances.services import instances_stop_all
 from portal.instances.sizes import SIZES
+from portal.instances.stop_reasons import StopReason
 from portal.lib.tasks import publish
 from portal.notifications.services import notify_account_suspended
 from portal.sshgateway.services import keys_changed
@@ -563,10 +563,25 @@ def account_delete(*, user: User) -> User:
         deleted-<id>@deleted.invalid, names are cleared, the password is unusable, SSH keys and GitHub
         links are removed and every session of the user ends. The address is free for a new sign-up;
         the early-registrant grant remembers who had it, so a new account gets none. Log-in records
-    kept by django-axes under the address are deleted too. Returns the user.
+    kept by django-axes under the address are deleted too.
+
+    Every live instance of the account stops at once, in the same transaction (instances_stop_all:
+    running ones are charged up to this moment, and billing ends there), with stop_reason
+    account_deleted, which tells each teardown to remove the owner's workspace on that host too; then
+    workspaces_remove_all removes their workspace volumes on every host, retried on beat where a host
+    does not answer (audited as "account.workspaces_removed" once none is left). The deletion is audited
+    as "account.delete", under the scrubbed name, with the instances it stopped.
+    Returns the user.
     """
     with transaction.atomic():
         user = User.objects.select_for_update().get(pk=user.pk)
+        # Under the user's row lock and then the credit account's (suspension's order); instance_launch
+        # re-reads is_active under the credit account's lock, so no launch outlives the deletion.
+        stopped = instances_stop_all(
+            user_ids=[user.pk],
+            reason=StopReason.ACCOUNT_DELETED,
+            message="Stopped because the account was deleted; its workspace is removed.",
+        )
         # django-axes keeps log-in records under the address; they are personal data too.
         for model in (AccessAttempt, AccessFailureLog, AccessLog):
             model.objects.filter(username=user.email).delete()
@@ -581,6 +596,13 @@ def account_delete(*, user: User) -> User:
         user.ssh_keys.all().delete()
         user.social_auth.all().delete()
         _sessions_end(user_pk=user.pk)
+        audit_record(
+            actor=user,
+            action="account.delete",
+            target=user,
+            reason="Deleted by its owner.",
+            details={"instances_stopped": [str(instance_id) for instance_id in stopped.ids]},
+        )
     return user
 
 
@@ -602,10 +624,6 @@ def _sessions_end(*, user_pk, keep_session_key: str | None = None) -> int:
 
 
 # --- Suspension and launch sizes (operators) ---------------------------------------------------------
-
-# The stop reason of instances stopped by a suspension; the owner's instance page explains it.
-SUSPEND_STOP_REASON = "operator: account suspended"
-
 
 def _check_operator(actor, *, doing: str) -> None:
     if actor is None or not actor.is_staff:
@@ -640,27 +658,17 @@ def user_suspend(*, user: User, actor, reason: str) -> User:
         # instance_launch re-reads the suspension under this lock, so no launch can slip in after the
         # scan below and outlive the suspension.
         CreditAccount.objects.select_for_update().get(user_id=user.pk)
-        live = Instance.objects.filter(
-            user_id=user.pk,
-            state__in=[Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING],
+        stopped = instances_stop_all(
+            user_ids=[user.pk],
+            reason=StopReason.SUSPENDED,
+            message="Stopped because an operator suspended the account.",
         )
-        stopped = []
-        for instance_id in live.values_list("id", flat=True):
-            try:
-                instance_request_stop(
-                    instance_id=instance_id,
-                    stop_reason=SUSPEND_STOP_REASON,
-                    message="Stopped because an operator suspended the account.",
-                )
-            except ValidationError:
-                continue  # it failed or stopped on its own meanwhile: nothing left to stop
-            stopped.append(str(instance_id))
         audit_record(
             actor=actor,
             action="user.suspend",
             target=user,
             reason=reason,
-            details={"user": user.email, "instances_stopped": stopped},
+            details={"user": user.email, "instances_stopped": [str(i) for i in stopped.ids]},
         )
         notify_account_suspended(user=user, reason=reason, suspended_at=now)
     user.refresh_from_db()

@@ -22,6 +22,7 @@ AUDIT_ACTIONS = {
     "program.change": "Grant or bonus program created or changed",
     "user.suspend": "User suspended",
     "user.unsuspend": "User unsuspended",
+    "account.delete": "Account deleted by its owner (its instances stopped)",
     "host.add": "Host added",
     "host.drain": "Host drained",
     "host.evict": "Host cordoned and evicted (its instances stopped)",

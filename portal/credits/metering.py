@@ -12,7 +12,7 @@ How the money moves (design.md, "Credits: Metering"):
   `-(their running GPUs × METER_TICK_SECONDS)` is cut to that floor, and the rest is waived (the
   instance is stopped in the same tick, so what is waived is at most what accrued while beat was late).
 - After charging, every live instance of an owner whose balance is at or below zero is stopped with
-  stop_reason "credits exhausted".
+  stop_reason credits_exhausted, through the bulk stop in portal/instances/transitions.py.
 - Once a batch has committed, its owners get the credit warnings (about 1 hour or 10 minutes left at
   their running GPUs' burn) and the "stopped: credits ran out" email, each once per event.
 
@@ -30,7 +30,8 @@ from django.db import connection, transaction
 from django.db.models import Case, IntegerField, Sum, Value, When
 from django.utils import timezone
 
-from portal.instances.models import Instance, InstanceEvent
+from portal.instances import transitions
+from portal.instances.models import Instance
 from portal.instances.sizes import SIZES
 from portal.notifications.services import (
     CREDIT_WARNINGS,
@@ -44,7 +45,6 @@ from .services import ledger_post
 
 logger = logging.getLogger(__name__)
 
-STOP_REASON_CREDITS = "credits exhausted"
 # Instances charged per transaction. Each batch takes its owners' account locks for one short
 # transaction; a user's instances always fall in the same batch.
 BATCH_SIZE = 1000
@@ -503,36 +503,20 @@ def _save_metering(instances: list[_Metered]) -> None:
 
 
 def _stop_exhausted(user_ids: list[int], now: datetime, result: TickResult) -> None:
-    """Stop every live instance of these owners: running and provisioning ones go to STOPPING for a
-    teardown, queued ones straight to STOPPED (they never started, so there is nothing to tear down).
+    """Stop every live instance of these owners through the instance transitions' bulk stop: running and
+    provisioning ones go to STOPPING for a teardown, queued ones straight to STOPPED.
 
-    Runs inside the batch's transaction, under the owners' account locks.
+    Runs inside the batch's transaction, under the owners' account locks, after the batch charged their
+    running instances up to `now`.
     """
-    live = Instance.objects.filter(user_id__in=user_ids)
-    stopping = list(
-        live.filter(state__in=[Instance.State.RUNNING, Instance.State.PROVISIONING]).values_list(
-            "id", flat=True
-        )
+    stopped = transitions.bulk_stop(
+        Instance.objects.filter(user_id__in=user_ids),
+        reason=StopReason.CREDITS_EXHAUSTED,
+        message="Your credits ran out, so DevCloud stopped this instance. Add credits to launch again.",
+        now=now,
     )
-    queued = list(live.filter(state=Instance.State.QUEUED).values_list("id", flat=True))
-    if stopping:
-        Instance.objects.filter(
-            id__in=stopping, state__in=[Instance.State.RUNNING, Instance.State.PROVISIONING]
-        ).update(state=Instance.State.STOPPING, stop_reason=STOP_REASON_CREDITS, state_changed_at=now)
-    if queued:
-        Instance.objects.filter(id__in=queued, state=Instance.State.QUEUED).update(
-            state=Instance.State.STOPPED,
-            stop_reason=STOP_REASON_CREDITS,
-            stopped_at=now,
-            state_changed_at=now,
-        )
-    message = "Your credits ran out, so DevCloud stopped this instance. Add credits to launch again."
-    InstanceEvent.objects.bulk_create(
-        [InstanceEvent(instance_id=i, state=Instance.State.STOPPING, message=message) for i in stopping]
-        + [InstanceEvent(instance_id=i, state=Instance.State.STOPPED, message=message) for i in queued]
-    )
-    result.stopping_ids.extend(stopping)
-    result.stopped_queued_ids.extend(queued)
+    result.stopping_ids.extend(stopped.stopping_ids)
+    result.stopped_queued_ids.extend(stopped.stopped_queued_ids)
 
 
 def account_locked(user_id) -> CreditAccount:

@@ -16,10 +16,10 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from portal.credits.models import hours
-from provisioning import services as provisioning_services
 from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError
 
+from . import services
 from .models import Image, Instance, InstanceEvent
 
 # Lines of the container's output shown on the instance's page.
@@ -83,7 +83,7 @@ class OwnerFilter(admin.SimpleListFilter):
 class ForceStopForm(forms.Form):
     reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-        max_length=provisioning_services.FORCE_STOP_REASON_MAX,
+        max_length=services.FORCE_STOP_REASON_MAX,
         help_text="The owner reads this on their instance's page and in the email telling them. "
         "It is also recorded in the audit log under your name.",
         error_messages={"required": "Give the reason: the owner is told it."},
@@ -124,6 +124,7 @@ class InstanceAdmin(admin.ModelAdmin):
         "step",
         "failure_reason",
         "stop_reason",
+        "stop_note",
         "driver",
         "driver_state",
         "gpus",
@@ -138,7 +139,7 @@ class InstanceAdmin(admin.ModelAdmin):
     ]
     fieldsets = [
         (None, {"fields": ["id", "user", "size", "image", "host", "gpus", "state", "step"]}),
-        ("Why it ended", {"fields": ["failure_reason", "stop_reason"]}),
+        ("Why it ended", {"fields": ["failure_reason", "stop_reason", "stop_note"]}),
         (
             "Times and charges",
             {
@@ -241,7 +242,7 @@ class InstanceAdmin(admin.ModelAdmin):
             stopped, skipped = 0, []
             for instance in stoppable:
                 try:
-                    provisioning_services.instance_force_stop(
+                    services.instance_force_stop(
                         instance_id=instance.pk, actor=request.user, reason=form.cleaned_data["reason"]
                     )
                     stopped += 1

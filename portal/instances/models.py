@@ -4,6 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from .stop_reasons import STOP_NOTE_MAX, StopReason
+
 
 class Image(models.Model):
     """A preloaded image from containers/catalog, loaded by `manage.py sync_images`."""
@@ -62,8 +64,10 @@ class Instance(models.Model):
     step = models.CharField(max_length=20, choices=Step.choices, default=Step.QUEUED)
     # What went wrong and what to do next, shown to the owner.
     failure_reason = models.TextField(blank=True, default="")
-    # Why it stopped (user, credits exhausted, operator, idle, max length), shown to the owner.
-    stop_reason = models.CharField(max_length=200, blank=True, default="")
+    # Why it stopped, blank until it does; selectors.stop_reason_text turns it into the owner's sentence.
+    stop_reason = models.CharField(max_length=20, choices=StopReason.choices, blank=True, default="")
+    # The operator's own words for an operator stop or an eviction, shown to the owner beside the reason.
+    stop_note = models.CharField(max_length=STOP_NOTE_MAX, blank=True, default="")
     # Driver-owned JSON state (container id, endpoint, workspace volume...), see provisioning.drivers.
     driver = models.CharField(max_length=20, default="docker")
     driver_state = models.JSONField(default=dict, blank=True)
@@ -82,7 +86,12 @@ class Instance(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["user", "state"]), models.Index(fields=["state", "created_at"])]
-        constraints = [models.CheckConstraint(condition=Q(size__in=["1x", "8x"]), name="instances_known_size")]
+        constraints = [
+            models.CheckConstraint(condition=Q(size__in=["1x", "8x"]), name="instances_known_size"),
+            models.CheckConstraint(
+                condition=Q(stop_reason__in=["", *StopReason.values]), name="instances_known_stop_reason"
+            ),
+        ]
 
     def __str__(self):
         return f"{self.short_id} {self.size} {self.image_id} ({self.state})"

@@ -14,6 +14,7 @@ from provisioning.selectors import image_availability, in_service_hosts, simulat
 from . import entitlements
 from .models import Image, Instance, LaunchPolicy
 from .sizes import SIZES, Size
+from .stop_reasons import StopReason
 
 # States that will burn credit: queued and provisioning instances are about to, running ones do.
 BURNING_STATES = (Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING)
@@ -25,17 +26,21 @@ PROGRESS_STEPS = [
     Instance.Step.WAITING,
     Instance.Step.READY,
 ]
+# The owner's sentence for each stop reason. An operator's own words (stop_note) follow where there are some.
 STOP_REASON_TEXT = {
-    "user": "You stopped it.",
-    "credits exhausted": "DevCloud stopped it because your credits ran out. Add credits (apply for bonus hours) "
-    "to launch again.",
-    "operator": "An operator stopped it.",
-    "idle": "It was stopped because it was idle.",
-    "max_length": "It reached the longest a session may run at its size and was stopped. Your files in "
-    "/workspace are kept; launch again to go on.",
-    "operator: account suspended": "It was stopped because your account was suspended.",
-    "operator: host evicted": "An operator took its GPU host out of service and stopped it. Your files in "
+    StopReason.USER: "You stopped it.",
+    StopReason.CREDITS_EXHAUSTED: "DevCloud stopped it because your credits ran out. Add credits (apply for "
+    "bonus hours) to launch again.",
+    StopReason.OPERATOR: "An operator stopped it.",
+    StopReason.IDLE: "It was stopped because it was idle.",
+    StopReason.MAX_LENGTH: "It reached the longest a session may run at its size and was stopped. Your files "
+    "in /workspace are kept; launch again to go on.",
+    StopReason.SUSPENDED: "It was stopped because your account was suspended.",
+    StopReason.HOST_EVICTED: "An operator took its GPU host out of service and stopped it. Your files in "
     "/workspace are kept; launch again to continue on another host.",
+    StopReason.HOST_DOWN: "Its GPU host stopped answering, so DevCloud stopped it. You were charged only up "
+    "to the last moment the host was seen working; launch again to continue on another host.",
+    StopReason.ACCOUNT_DELETED: "It was stopped because the account was deleted.",
 }
 
 
@@ -312,7 +317,7 @@ def credits_exhausted_notice(user) -> Instance | None:
     None when their most recent instance ended for another reason, or is still live.
     """
     latest = Instance.objects.filter(user=user).order_by("-created_at").first()
-    if latest is not None and latest.stop_reason == "credits exhausted":
+    if latest is not None and latest.stop_reason == StopReason.CREDITS_EXHAUSTED:
         return latest
     return None
 
@@ -340,12 +345,14 @@ def lab_url(instance: Instance) -> str:
 
 
 def stop_reason_text(instance: Instance) -> str:
-    reason = instance.stop_reason
-    if reason in STOP_REASON_TEXT:
-        return STOP_REASON_TEXT[reason]
-    if reason.startswith("operator: "):
-        return f"An operator stopped it: {reason.removeprefix('operator: ')}"
-    return reason
+    """The sentence the owner reads about why their instance stopped; "" while it has not."""
+    reason, note = instance.stop_reason, instance.stop_note
+    if reason == StopReason.OPERATOR and note:
+        return f"An operator stopped it: {note}"
+    text = STOP_REASON_TEXT.get(reason, "")
+    if reason == StopReason.HOST_EVICTED and note:
+        return f"{text} The operator's reason: {note}"
+    return text
 
 
 def progress(instance: Instance) -> list[dict]:

@@ -1,12 +1,14 @@
-"""Operations on instances that the web side starts: launch and stop.
+"""Operations on instances that people start: launch, stop, an operator's force stop, a host eviction,
+and the stop of every instance of some accounts (suspension, deletion).
 
-The worker side (provision, teardown, reconcile) is in provisioning/lifecycle.py. Both move an
-instance's state only by conditional updates, and both take the owner's CreditAccount lock before an
-Instance row lock (the order metering uses), so they never deadlock with each other.
+The worker side (provision, teardown, reconcile) is portal/instances/lifecycle.py. Both move an
+instance's state only through portal/instances/transitions.py, and both take the owner's CreditAccount
+lock before an Instance row lock (the order metering uses), so they never deadlock with each other.
 """
 
 import logging
 import secrets
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -14,58 +16,40 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from portal.console.services import audit_record
 from portal.credits import metering
 from portal.credits.models import CreditAccount
+from portal.lib.tasks import publish
+from portal.notifications.services import notify_instance_stopped
+from provisioning import scheduler
+from provisioning import services as fleet
 from provisioning.selectors import image_availability, in_service_hosts
 
-from . import entitlements, selectors
-from .models import Image, Instance, InstanceEvent, LaunchPolicy
+from . import entitlements, selectors, tasks, transitions
+from .models import Image, Instance, LaunchPolicy
 from .sizes import SIZES
+from .stop_reasons import STOP_NOTE_MAX, StopReason
 
 logger = logging.getLogger(__name__)
 
 UNAVAILABLE_MESSAGE = (
     "Launching is unavailable right now, nothing was charged. Please try again in a few minutes."
 )
-STOP_REASON_USER = "user"
+# An operator's reason for a force stop, which the owner reads beside "An operator stopped it".
+FORCE_STOP_REASON_MAX = STOP_NOTE_MAX
 
 
 class LaunchUnavailable(ValidationError):
     """The task queue could not be reached, so the launch was not started (and nothing was charged)."""
 
 
-def instance_event_record(
-    *, instance: Instance, message: str, state: str | None = None, step: str | None = None
-):
-    """Add a line to the instance's timeline. Returns the InstanceEvent."""
-    return InstanceEvent.objects.create(
-        instance_id=instance.pk, state=state or instance.state, step=step or instance.step, message=message
-    )
+# The timeline: one line per state or step change, which a person reads.
+instance_event_record = transitions.event_record
 
 
-def _broker_errors() -> tuple:
-    # What a publish raises when Redis is down: kombu wraps most of it, but a refused connection can
-    # surface as redis-py's or the socket's own error depending on where it fails.
-    from kombu.exceptions import OperationalError
-    from redis.exceptions import RedisError
-
-    return (OperationalError, RedisError, ConnectionError, OSError)
-
-
-def enqueue(task_name: str, **kwargs) -> bool:
-    """Publish a provisioning task by its stable name. Returns False (and logs) when the broker is unreachable.
-
-    Tasks are imported here, not at module level: provisioning.tasks imports this module's callers.
-    """
-    from provisioning import tasks
-
-    task = tasks.BY_NAME[task_name]
-    try:
-        task.apply_async(kwargs=kwargs, retry=False)
-    except _broker_errors() as error:
-        logger.warning("Could not enqueue %s(%s): %s", task_name, kwargs, error)
-        return False
-    return True
+def enqueue(task, **kwargs) -> bool:
+    """Publish `task` with `kwargs`. Returns False (and logs) when the broker is unreachable."""
+    return publish(task, kwargs=kwargs)
 
 
 def _refuse_unplaceable(image: Image) -> None:
@@ -154,7 +138,7 @@ def instance_launch(*, user, size: str, image_key: str) -> Instance:
     published = {}
 
     def publish(instance_id):
-        published["ok"] = enqueue("provisioning.provision_instance", instance_id=str(instance_id))
+        published["ok"] = enqueue(tasks.provision_instance, instance_id=str(instance_id))
         if not published["ok"]:
             _fail_unqueued(instance_id)
 
@@ -162,7 +146,11 @@ def instance_launch(*, user, size: str, image_key: str) -> Instance:
         account = CreditAccount.objects.select_for_update().get(user=user)
         # Read again under the lock: user_suspend takes this lock before it stops the user's instances,
         # so a launch either lands before the suspension (and is stopped by it) or sees it here.
-        suspended = entitlements.suspension_refusal(get_user_model().objects.get(pk=user.pk))
+        fresh = get_user_model().objects.get(pk=user.pk)
+        if not fresh.is_active:
+            # Deleted (or disabled) since the checks above: account_delete stops instances under this lock.
+            raise PermissionDenied("This account is disabled.")
+        suspended = entitlements.suspension_refusal(fresh)
         if suspended:
             raise ValidationError(suspended.message, code="suspended")
         now = timezone.now()
@@ -194,17 +182,13 @@ def instance_launch(*, user, size: str, image_key: str) -> Instance:
 
 
 def _fail_unqueued(instance_id) -> None:
-    now = timezone.now()
-    moved = Instance.objects.filter(id=instance_id, state=Instance.State.QUEUED).update(
-        state=Instance.State.FAILED,
-        failure_reason="Launching was unavailable (the task queue did not answer), so this launch never started. "
-        "Nothing was charged. Please launch again in a few minutes.",
-        stopped_at=now,
-        state_changed_at=now,
-    )
-    if moved:
-        InstanceEvent.objects.create(
-            instance_id=instance_id, state=Instance.State.FAILED, message="The task queue did not answer."
+    instance = Instance.objects.filter(id=instance_id).first()
+    if instance is not None:
+        transitions.fail(
+            instance,
+            reason="Launching was unavailable (the task queue did not answer), so this launch never started. "
+            "Nothing was charged. Please launch again in a few minutes.",
+            from_states=[Instance.State.QUEUED],
         )
 
 
@@ -215,20 +199,22 @@ def instance_stop(*, user, instance_id) -> Instance:
     has already stopped or failed.
     """
     instance = selectors.instance_of_owner(user, instance_id)
-    return instance_request_stop(instance_id=instance.id, stop_reason=STOP_REASON_USER)
+    return instance_request_stop(instance_id=instance.id, reason=StopReason.USER)
 
 
-def instance_request_stop(*, instance_id, stop_reason: str, message: str = "") -> Instance:
-    """Stop an instance for any reason ("user", "operator", "idle", "credits exhausted"). Returns it.
+def instance_request_stop(*, instance_id, reason: str, note: str = "", message: str = "") -> Instance:
+    """Stop an instance for `reason` (a StopReason), with `note` (an operator's words) for its owner.
+    Returns it.
 
     A running instance is charged up to now in the same transaction, so billing ends the moment the
     stop is asked for. A running or provisioning instance moves to STOPPING and a teardown is enqueued
     (if the queue is down, the reconciler enqueues it later; billing has stopped either way). A queued
     one goes straight to STOPPED and gives back any GPUs it was handed. Stopping a STOPPING instance
-    again changes nothing.
+    again changes nothing (it keeps its first reason).
 
-    Raises Instance.DoesNotExist for an unknown id and ValidationError when it has already ended.
-    For operators and the idle culler; the owner's path is instance_stop().
+    Raises Instance.DoesNotExist for an unknown id, ValidationError when it has already ended, and
+    ValueError for an unknown reason. For operators, limits and the idle culler; the owner's path is
+    instance_stop().
     """
     owner_id = Instance.objects.values_list("user_id", flat=True).get(id=instance_id)
     CreditAccount.objects.get_or_create(user_id=owner_id)
@@ -244,24 +230,150 @@ def instance_request_stop(*, instance_id, stop_reason: str, message: str = "") -
             )
         if instance.state == Instance.State.RUNNING:
             metering.charge_until(instance=instance, until=now)
-        if instance.state == Instance.State.QUEUED:
-            Instance.objects.filter(id=instance_id, state=Instance.State.QUEUED).update(
-                state=Instance.State.STOPPED, stop_reason=stop_reason, stopped_at=now, state_changed_at=now
-            )
-            instance.refresh_from_db()
-            instance_event_record(instance=instance, message=message or "Stopped before it started.")
-
-            def give_back():
-                from provisioning import scheduler
-
-                scheduler.release(instance_id=instance_id)
-
-            transaction.on_commit(give_back)
-            return instance
-        Instance.objects.filter(
-            id=instance_id, state__in=[Instance.State.RUNNING, Instance.State.PROVISIONING]
-        ).update(state=Instance.State.STOPPING, stop_reason=stop_reason, state_changed_at=now)
-        instance.refresh_from_db()
-        instance_event_record(instance=instance, message=message or "Stopping.")
-        transaction.on_commit(lambda: enqueue("provisioning.teardown_instance", instance_id=str(instance_id)))
+        moved = transitions.stop(instance, reason=reason, note=note, message=message, now=now)
+        if moved == Instance.State.STOPPED:
+            transaction.on_commit(lambda: scheduler.release(instance_id=instance_id))
+        elif moved == Instance.State.STOPPING:
+            transaction.on_commit(lambda: enqueue(tasks.teardown_instance, instance_id=str(instance_id)))
     return instance
+
+
+def instances_stop_all(*, user_ids, reason: str, note: str = "", message: str) -> transitions.BulkStop:
+    """Stop every live instance of these accounts at once, for `reason`: running ones are charged up to
+    this moment first, then all of them move in one bulk stop (queued -> stopped and their GPUs given
+    back; provisioning and running -> stopping, with a teardown enqueued for each once this commits).
+    Returns the BulkStop.
+
+    Takes the owners' CreditAccount locks in id order, so a launch that races it either lands first (and
+    is stopped here) or sees what the caller changed under the same lock (a suspension, a deletion).
+    May run inside the caller's transaction. Instances already stopping keep their first reason.
+    """
+    user_ids = sorted(set(user_ids))
+    for user_id in user_ids:
+        CreditAccount.objects.get_or_create(user_id=user_id)
+    now = timezone.now()
+    with transaction.atomic():
+        list(CreditAccount.objects.select_for_update().filter(user_id__in=user_ids).order_by("id"))
+        owned = Instance.objects.filter(user_id__in=user_ids)
+        running = owned.select_for_update().filter(state=Instance.State.RUNNING).select_related("user")
+        for instance in running.order_by("id"):
+            metering.charge_until(instance=instance, until=now)
+        stopped = transitions.bulk_stop(owned, reason=reason, note=note, message=message, now=now)
+
+        def after_commit():
+            for instance_id in stopped.stopped_queued_ids:
+                scheduler.release(instance_id=instance_id)
+            for instance_id in stopped.stopping_ids:
+                enqueue(tasks.teardown_instance, instance_id=str(instance_id))
+
+        transaction.on_commit(after_commit)
+    return stopped
+
+
+# --- Operator stops ----------------------------------------------------------------------------------
+#
+# The stop itself is instance_request_stop (billing ends at once, teardown is enqueued); an operator's
+# stop adds the notice to the owner, in the same transaction.
+
+
+def _operator_stop(*, instance_id, reason: str, note: str, message: str):
+    """Stop one instance for an operator and tell its owner why (`note`). Returns the Instance, or None
+    when it had already ended or was already stopping for another reason (then nobody is told anything)."""
+    with transaction.atomic():
+        try:
+            instance = instance_request_stop(instance_id=instance_id, reason=reason, note=note, message=message)
+        except ValidationError:
+            return None
+        if instance.stop_reason != reason:
+            return None  # it was stopping already, for its own reason
+        notify_instance_stopped(instance=instance, reason=reason, operator_reason=note)
+    return instance
+
+
+def instance_force_stop(*, instance_id, actor, reason: str):
+    """An operator stops one instance. Returns it (stopping, or stopped if it was still queued).
+
+    The owner sees `reason` on their instance page (stop_reason operator, stop_note `reason`) and in the
+    instance_stopped email; the audit log records it as "instance.force_stop". Billing ends at once.
+
+    Raises ValueError for a blank reason or one longer than FORCE_STOP_REASON_MAX characters, and
+    django's ValidationError when the instance has already ended or is already stopping.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("A force stop needs a reason: the owner reads it.")
+    if len(reason) > FORCE_STOP_REASON_MAX:
+        raise ValueError(f"Keep the reason within {FORCE_STOP_REASON_MAX} characters.")
+    with transaction.atomic():
+        before = Instance.objects.select_related("user", "host").get(id=instance_id)
+        if before.state == Instance.State.STOPPING:
+            raise ValidationError("This instance is already stopping.")
+        instance = _operator_stop(
+            instance_id=instance_id,
+            reason=StopReason.OPERATOR,
+            note=reason,
+            message=f"Stopped by an operator: {reason}",
+        )
+        if instance is None:
+            raise ValidationError(f"This instance has already {before.state}.")
+        audit_record(
+            actor=actor,
+            action="instance.force_stop",
+            target=instance,
+            reason=reason,
+            details={
+                "owner": before.user.email,
+                "previous_state": before.state,
+                "host": before.host.name if before.host_id else "",
+            },
+        )
+    return instance
+
+
+@dataclass
+class EvictionSummary:
+    """What host_evict did: instances it stopped (their owners were told) and ones already stopping."""
+
+    host: object
+    stopped: list = field(default_factory=list)
+    already_stopping: list = field(default_factory=list)
+
+    def __str__(self):
+        text = f"Evicted {self.host.name}: it is draining, {len(self.stopped)} instance(s) stopped and their owners told"
+        if self.already_stopping:
+            text += f"; {len(self.already_stopping)} were already stopping"
+        return text + "."
+
+
+def host_evict(*, host_id: int, actor, reason: str) -> EvictionSummary:
+    """Cordon the host (provisioning's host_cordon: draining, nothing new is placed, audited as
+    "host.evict") and stop every instance on it, telling each owner.
+
+    Each queued, provisioning or running instance on the host is stopped with stop_reason host_evicted
+    and the operator's `reason` as its note (charged up to now, workspace kept), and its owner gets an
+    instance_stopped notice carrying `reason`. Instances already stopping are left to finish. Running it
+    again stops whatever is left and tells nobody twice. Returns an EvictionSummary.
+
+    Raises ValueError for a blank reason (the owners read it) and provisioning's HostError for a retired
+    host.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("Evicting a host needs a reason: the owners of its instances read it.")
+    host, live_ids = fleet.host_cordon(host_id=host_id, actor=actor, reason=reason)
+    summary = EvictionSummary(host=host)
+    live = Instance.objects.filter(id__in=live_ids).select_related("user", "image").order_by("created_at")
+    for instance in live:
+        if instance.state == Instance.State.STOPPING:
+            summary.already_stopping.append(instance)
+            continue
+        # One transaction per instance: a stop that fails (it ended meanwhile) leaves the others alone.
+        stopped = _operator_stop(
+            instance_id=instance.id,
+            reason=StopReason.HOST_EVICTED,
+            note=reason,
+            message=f"Stopped by an operator, who is evicting host {host.name}: {reason}",
+        )
+        if stopped is not None:
+            summary.stopped.append(stopped)
+    return summary

@@ -1,9 +1,11 @@
 """Publishing Celery tasks from web requests without letting a broker outage break the page."""
 
 import logging
+import random
 
 import kombu.exceptions
 import redis.exceptions
+from django.conf import settings
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +31,21 @@ def publish(task, *, args=(), kwargs=None, inline=None) -> bool:
         except Exception:
             log.exception("Running %s inline failed as well", task.name)
     return False
+
+
+# Waits between retries of a task: 2, 4, 8, 16, 32 s plus jitter; never more than this.
+MAX_RETRY_DELAY_SECONDS = 120
+
+
+def retry_delay(retries: int) -> float:
+    """Seconds to wait before retry number `retries + 1`: exponential, jittered, and capped well under the
+    broker visibility timeout (a longer ETA would make Redis hand the message to a second worker)."""
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
+    cap = min(MAX_RETRY_DELAY_SECONDS, visibility // 4)
+    return min(2 ** (retries + 1), cap) + random.uniform(0, 1)
+
+
+def redelivered(task) -> bool:
+    """Whether the broker handed this message out again after losing the worker that had it: the run it
+    replaces may have got halfway, so the task resumes rather than starts."""
+    return bool((task.request.delivery_info or {}).get("redelivered"))

@@ -11,18 +11,22 @@ from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import reverse
 
+from portal.instances.stop_reasons import NEEDS_NOTE, StopReason
+
 from .models import OPTIONAL_KINDS, Kind
 
 
-class StopReason:
-    """Why DevCloud (not the user) stopped an instance: the `reason` of an instance_stopped notification."""
-
-    CREDITS_EXHAUSTED = "credits_exhausted"
-    IDLE = "idle"
-    MAX_LENGTH = "max_length"
-    OPERATOR = "operator"
-
-    ALL = (CREDITS_EXHAUSTED, IDLE, MAX_LENGTH, OPERATOR)
+# Why DevCloud (not the owner) stopped an instance: the `reason` of an instance_stopped notification. The
+# same words as Instance.stop_reason; the owner is emailed for these, never for their own stop, a suspension
+# (account_suspended tells them) or a deleted account (nobody is left to tell).
+NOTIFIED_STOP_REASONS = (
+    StopReason.CREDITS_EXHAUSTED,
+    StopReason.IDLE,
+    StopReason.MAX_LENGTH,
+    StopReason.OPERATOR,
+    StopReason.HOST_EVICTED,
+    StopReason.HOST_DOWN,
+)
 
 
 # Context keys each kind cannot do without; notify() refuses a call that misses one.
@@ -43,11 +47,11 @@ def check_context(kind: str, context: dict) -> None:
     if missing:
         raise ValueError(f"A {kind} notification needs {', '.join(missing)} in its context.")
     if kind == Kind.INSTANCE_STOPPED:
-        if context["reason"] not in StopReason.ALL:
+        if context["reason"] not in NOTIFIED_STOP_REASONS:
             raise ValueError(
-                f"Unknown stop reason {context['reason']!r}; use one of {', '.join(StopReason.ALL)}."
+                f"Unknown stop reason {context['reason']!r}; use one of {', '.join(NOTIFIED_STOP_REASONS)}."
             )
-        if context["reason"] == StopReason.OPERATOR and not context.get("operator_reason"):
+        if context["reason"] in NEEDS_NOTE and not context.get("operator_reason"):
             raise ValueError(
                 "An operator stop needs the operator's reason (operator_reason): the owner reads it."
             )

@@ -63,6 +63,10 @@ class Driver:
     authorized_keys_set(instance, text) -> bool
         Makes `text` the public keys the instance's sshd trusts. False when the instance has nothing
         running to put them in, or the driver runs no sshd (the default). Raises DriverError like poll.
+    remove_workspace(instance) -> None
+        Removes the workspace of the instance's owner on this host; the teardown calls it, after stop,
+        when the owner deleted their account. "Already gone" is success. Idempotent. A driver that keeps
+        no workspace of its own has nothing to remove.
     """
 
     name = "base"
@@ -89,6 +93,9 @@ class Driver:
 
     def authorized_keys_set(self, instance, text: str) -> bool:
         return False
+
+    def remove_workspace(self, instance) -> None:
+        return None
 
 
 def jupyter_base_url(instance) -> str:

@@ -189,6 +189,10 @@ class FakeDriver(Driver):
         self._check_engine("stop", instance.id)
         cloud.remove_container(instance.id)
 
+    def remove_workspace(self, instance) -> None:
+        # The fake keeps no files; the call itself (in cloud.calls) is what tests look for.
+        self._check_engine("remove_workspace", instance.user_id)
+
     def poll(self, instance) -> PollResult:
         self._check_engine("poll", instance.id)
         with cloud.lock:

@@ -21,7 +21,7 @@ from portal.instances import entitlements
 from portal.instances import services as instances
 from portal.instances.models import Instance
 from portal.notifications.models import Notification
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.conftest import PASSWORD, make_user
 
@@ -107,8 +107,8 @@ def test_it_stops_running_and_queued_instances_and_keeps_the_credits(
     assert suspended.suspended_reason == "Crypto mining on the GPUs."
     assert suspended.suspended_by_name == "Olivia Operator <olivia@ops.example.com>"
     # The running one was torn down by the teardown task its stop queued; the queued one never started.
-    assert (running.state, running.stop_reason) == (Instance.State.STOPPED, "operator: account suspended")
-    assert (queued.state, queued.stop_reason) == (Instance.State.STOPPED, "operator: account suspended")
+    assert (running.state, running.stop_reason) == (Instance.State.STOPPED, "suspended")
+    assert (queued.state, queued.stop_reason) == (Instance.State.STOPPED, "suspended")
     assert cloud.containers == {}
     # Only what the running instance burned until the stop was charged; nothing was taken away.
     assert balance(alice) == before - running.charged_gpu_seconds

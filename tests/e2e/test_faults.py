@@ -21,9 +21,9 @@ from portal.credits.models import LedgerEntry
 from portal.credits.selectors import balance_for
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.models import GpuAllocation
-from provisioning.tasks import provision_instance
+from portal.instances.tasks import provision_instance
 from tests.support.worker import current_database_url
 
 from .conftest import Cloud, publishing

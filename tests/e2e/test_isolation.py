@@ -7,7 +7,7 @@ import pytest
 from portal.accounts.models import User
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from tests.support.docker_instances import exec_in
 
 from .helpers import containers_of, give, live_minors, register_host

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from portal.credits.selectors import balance_for
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from tests.gateway.helpers import browser, session_cookie_for
 
 from .helpers import (

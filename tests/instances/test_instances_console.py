@@ -11,7 +11,7 @@ from portal.console.models import AuditEntry
 from portal.credits import services as credits
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 
 pytestmark = pytest.mark.django_db
@@ -169,7 +169,7 @@ def test_a_force_stop_stops_tells_the_owner_why_and_is_audited(
     assert "Stopping 1 instance(s); each owner is told your reason." in page_of(response)
     running.refresh_from_db()
     bystander.refresh_from_db()
-    assert (running.state, running.stop_reason) == (Instance.State.STOPPED, f"operator: {REASON}")
+    assert (running.state, running.stop_reason, running.stop_note) == (Instance.State.STOPPED, "operator", REASON)
     assert str(running.id) not in cloud.containers
     assert bystander.state == Instance.State.RUNNING
     [mail] = mailoutbox
@@ -198,7 +198,7 @@ def test_an_operator_force_stops_from_the_instance_page(olivia_client, launch, a
     assert response.status_code == 302 and response["Location"] == change_url(running)
     running.refresh_from_db()
     assert running.state == Instance.State.STOPPING
-    assert running.stop_reason == f"operator: {REASON}"
+    assert (running.stop_reason, running.stop_note) == ("operator", REASON)
 
 
 def test_a_force_stop_leaves_ended_instances_alone_and_says_so(olivia_client, launch, alice, mailoutbox):
@@ -223,9 +223,9 @@ def test_a_force_stop_leaves_ended_instances_alone_and_says_so(olivia_client, la
 def test_a_reason_too_long_for_the_owners_page_is_refused(olivia_client, launch, alice):
     running = launch(alice)
 
-    refused = page_of(olivia_client.post(CHANGELIST_URL, confirm_force_stop([running], "x" * 191)))
+    refused = page_of(olivia_client.post(CHANGELIST_URL, confirm_force_stop([running], "x" * 201)))
 
-    assert "Ensure this value has at most 190 characters (it has 191)." in refused
+    assert "Ensure this value has at most 200 characters (it has 201)." in refused
     running.refresh_from_db()
     assert running.state == Instance.State.RUNNING
 

@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from portal.credits import services as credits
 from portal.instances import services
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers.docker import DockerDriver, container_name
 from tests.provisioning.conftest import MI300X_RENDER_MINORS, make_kfd_dev_root
 from tests.support.docker_instances import (

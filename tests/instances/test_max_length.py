@@ -15,7 +15,7 @@ from portal.credits.selectors import balance_for
 from portal.instances import services
 from portal.instances.models import Instance, LaunchPolicy
 from portal.notifications.models import Notification
-from provisioning import lifecycle, limits, tasks
+from portal.instances import lifecycle, limits, tasks
 from provisioning.drivers import fake
 
 HOUR = 3600
@@ -137,7 +137,7 @@ def test_it_leaves_a_stop_someone_else_asked_for_to_them(
 def test_the_beat_task_enforces_it(alice, cpu, policy):
     running(alice, ready_hours_ago=13)
 
-    assert tasks.BY_NAME["provisioning.enforce_limits"].apply().get() == 1
+    assert tasks.enforce_limits.apply().get() == 1
 
 
 def test_the_owner_reads_why_on_the_instance_list(alice, cpu, policy):

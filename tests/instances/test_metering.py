@@ -14,7 +14,7 @@ from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 
 HOUR = 3600
@@ -136,7 +136,7 @@ def test_it_stops_an_instance_when_the_balance_reaches_zero(alice, running, clou
 
     assert result.stopping_ids == [instance.id]
     instance.refresh_from_db()
-    assert instance.stop_reason == "credits exhausted"
+    assert instance.stop_reason == "credits_exhausted"
     # The teardown the tick enqueued ran inline (tests run tasks eagerly).
     assert instance.state == Instance.State.STOPPED
     assert balance(alice) == -30

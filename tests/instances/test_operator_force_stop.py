@@ -11,7 +11,7 @@ from portal.console.models import AuditEntry
 from portal.credits import services as credits
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.conftest import make_staff
 

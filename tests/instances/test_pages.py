@@ -13,7 +13,7 @@ from django.utils import timezone
 from portal.accounts.models import User
 from portal.credits import services as credits
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.support.worker import celery_publishing_to, unique_queue
 
@@ -223,7 +223,7 @@ def test_the_list_says_when_credits_ran_out(alice_client, alice, images):
     alice_client.post(reverse("instances:launch"), {"size": "1x", "image": "cpu"})
     instance = Instance.objects.get(user=alice)
     Instance.objects.filter(pk=instance.pk).update(
-        state=Instance.State.STOPPED, stop_reason="credits exhausted", stopped_at=timezone.now()
+        state=Instance.State.STOPPED, stop_reason="credits_exhausted", stopped_at=timezone.now()
     )
 
     page = text(alice_client.get(reverse("instances:list")))

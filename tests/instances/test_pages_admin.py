@@ -11,7 +11,7 @@ from django.urls import reverse
 from portal.credits import services as credits
 from portal.instances import services
 from portal.instances.models import Image, Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 
 
@@ -68,7 +68,7 @@ def test_an_operator_force_stops_an_instance(olivia_client, running):
 
     assert "Stopping 1 instance(s); each owner is told your reason." in response.content.decode()
     running.refresh_from_db()
-    assert running.stop_reason == "operator: Maintenance"
+    assert (running.stop_reason, running.stop_note) == ("operator", "Maintenance")
     assert running.events.last().message == "Stopped by an operator: Maintenance"
 
 

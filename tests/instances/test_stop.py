@@ -10,7 +10,7 @@ from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation
 
@@ -88,10 +88,10 @@ def test_a_forged_id_is_not_found(alice, db):
 
 def test_an_operator_stop_records_its_reason(running):
     services.instance_request_stop(
-        instance_id=running.id, stop_reason="operator", message="Stopped by Olivia."
+        instance_id=running.id, reason="operator", note="Disk check", message="Stopped by Olivia."
     )
     running.refresh_from_db()
-    assert running.stop_reason == "operator"
+    assert (running.stop_reason, running.stop_note) == ("operator", "Disk check")
     assert running.events.last().message == "Stopped by Olivia."
 
 

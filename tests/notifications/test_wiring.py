@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from portal.instances.models import Instance
 from portal.notifications.models import Kind, Notification
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 
 from .conftest import give, mails_to

@@ -23,7 +23,7 @@ from django.utils import timezone
 from portal.credits import services as credits
 from portal.instances.models import Image, Instance, LaunchPolicy
 from portal.notifications.models import Kind, Notification
-from provisioning import culling, lifecycle
+from portal.instances import culling, lifecycle
 from provisioning.drivers.local import LocalDriver
 from provisioning.inventory import read_inventory
 from provisioning.models import Gpu, GpuHost

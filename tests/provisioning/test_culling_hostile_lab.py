@@ -15,7 +15,7 @@ import pytest
 from django.utils import timezone
 
 from portal.instances.models import Instance, LaunchPolicy
-from provisioning import culling
+from portal.instances import culling
 from provisioning.drivers import fake
 
 pytestmark = pytest.mark.timeout(120)

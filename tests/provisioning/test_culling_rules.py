@@ -17,7 +17,7 @@ from django.utils import timezone
 from portal.instances.models import Instance, LaunchPolicy
 from portal.notifications.models import Kind, Notification
 from portal.notifications.services import notify_instance_idle_warning
-from provisioning import culling, tasks
+from portal.instances import culling, tasks
 from provisioning.drivers import fake
 from provisioning.inventory import read_inventory
 from provisioning.models import Gpu, GpuAllocation, GpuHost
@@ -262,7 +262,7 @@ def test_the_beat_task_runs_a_round_and_stops_what_is_due(
     Notification.objects.filter(pk=warning.pk).update(created_at=timezone.now() - 11 * MINUTE)
 
     with django_capture_on_commit_callbacks(execute=True):
-        report = tasks.BY_NAME["provisioning.cull_idle"].apply().get()
+        report = tasks.cull_idle.apply().get()
 
     assert report["stopped"] == 1
     instance.refresh_from_db()

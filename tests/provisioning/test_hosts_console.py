@@ -16,7 +16,9 @@ from portal.instances import services as instances
 from portal.instances.models import Instance
 from portal.instances.selectors import stop_reason_text
 from portal.notifications.models import Notification
-from provisioning import lifecycle, scheduler, services
+from portal.instances import lifecycle
+from portal.instances import services as instance_services
+from provisioning import scheduler, services
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation, GpuHost, ImageJob
 
@@ -177,7 +179,7 @@ def test_it_evicts_a_host_stopping_every_instance_and_telling_each_owner_once(
     for instance in (alices, bobs):
         instance.refresh_from_db()
         # The teardown ran (eagerly, once the stop committed): the container is gone and the GPU is free.
-        assert (instance.state, instance.stop_reason) == (Instance.State.STOPPED, "operator: host evicted")
+        assert (instance.state, instance.stop_reason) == (Instance.State.STOPPED, "host_evicted")
         assert str(instance.id) not in cloud.containers
         assert not GpuAllocation.objects.filter(instance=instance, released_at__isnull=True).exists()
     elsewhere.refresh_from_db()
@@ -199,13 +201,13 @@ def test_it_evicts_a_host_stopping_every_instance_and_telling_each_owner_once(
 def test_the_owner_sees_that_an_operator_stopped_their_instance(olivia, gpu_01, launch, alice):
     running = launch(alice)
 
-    services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=REASON)
+    instance_services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=REASON)
 
     alice_client = Client()
     alice_client.force_login(alice)
     page = page_of(alice_client.get(reverse("instances:detail", args=[running.id])))
     running.refresh_from_db()
-    assert running.stop_reason == "operator: host evicted"
+    assert running.stop_reason == "host_evicted"
     assert escape(stop_reason_text(running)) in page
     assert running.events.last().message == f"Stopped by an operator, who is evicting host gpu-01: {REASON}"
 
@@ -214,7 +216,7 @@ def test_it_refuses_to_evict_without_a_reason(olivia, gpu_01, launch, alice):
     running = launch(alice)
 
     with pytest.raises(ValueError, match="needs a reason"):
-        services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=" ")
+        instance_services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=" ")
 
     running.refresh_from_db()
     assert running.state == Instance.State.RUNNING
@@ -227,7 +229,7 @@ def test_evicting_leaves_an_instance_that_is_already_stopping_to_finish(
     stopping = launch(alice)
     instances.instance_stop(user=alice, instance_id=stopping.id)
 
-    summary = services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=REASON)
+    summary = instance_services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=REASON)
 
     assert (summary.stopped, [i.id for i in summary.already_stopping]) == ([], [stopping.id])
     stopping.refresh_from_db()
@@ -261,7 +263,7 @@ def test_it_retires_an_emptied_host_whose_gpus_then_get_nothing(
 ):
     launch(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=REASON)
+        instance_services.host_evict(host_id=gpu_01.pk, actor=olivia, reason=REASON)
 
     olivia_client.post(CHANGELIST_URL, confirm("retire_hosts", [gpu_01], "Decommissioned"))
 

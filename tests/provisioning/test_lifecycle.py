@@ -14,7 +14,8 @@ from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle, scheduler
+from portal.instances import lifecycle
+from provisioning import scheduler
 from provisioning.drivers import driver_for, fake
 from provisioning.drivers.base import DriverError
 from provisioning.models import GpuAllocation

@@ -11,7 +11,7 @@ from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
 from portal.instances import services
 from portal.instances.models import Instance
-from provisioning import lifecycle
+from portal.instances import lifecycle
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation
 

@@ -1,6 +1,6 @@
 """Limits beat enforces on running instances: the longest a session may run at its size.
 
-Runs from the beat task provisioning.enforce_limits. It scans the database each time instead of
+Runs from the beat task provisioning.enforce_limits (portal/instances/tasks.py). It scans the database each time instead of
 scheduling a stop per instance, so a missed tick is caught up by the next, and running it twice stops
 and emails nothing twice (a stopped instance is no longer RUNNING, and the email is unique per event).
 """
@@ -12,15 +12,14 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from portal.instances.models import Instance, LaunchPolicy
-from portal.instances.services import instance_request_stop
-from portal.instances.sizes import SIZES
-from portal.notifications.services import StopReason, notify_instance_stopped
+from portal.notifications.services import notify_instance_stopped
+
+from . import services
+from .models import Instance, LaunchPolicy
+from .sizes import SIZES
+from .stop_reasons import StopReason
 
 logger = logging.getLogger(__name__)
-
-# The instance's stop_reason; the owner's instance page explains it (instances.selectors.STOP_REASON_TEXT).
-MAX_LENGTH_STOP_REASON = "max_length"
 
 
 def enforce_max_session_length(now: datetime | None = None) -> list[str]:
@@ -50,15 +49,15 @@ def _stop_overdue(*, instance_id, max_hours: int) -> bool:
     """Stop one instance for running too long and tell its owner. Returns whether this call stopped it."""
     with transaction.atomic():
         try:
-            instance = instance_request_stop(
+            instance = services.instance_request_stop(
                 instance_id=instance_id,
-                stop_reason=MAX_LENGTH_STOP_REASON,
+                reason=StopReason.MAX_LENGTH,
                 message=f"Stopped: it reached the {max_hours}-hour limit for its size.",
             )
         except (Instance.DoesNotExist, ValidationError):
             return False  # it ended on its own since the scan
         # A user or an operator may have asked for the stop first; then it is theirs to explain.
-        if instance.stop_reason != MAX_LENGTH_STOP_REASON:
+        if instance.stop_reason != StopReason.MAX_LENGTH:
             return False
         notify_instance_stopped(instance=instance, reason=StopReason.MAX_LENGTH, max_hours=max_hours)
     logger.info("Stopped %s after %s hours (its size's limit).", instance_id, max_hours)

@@ -8,12 +8,17 @@ An instance counts as idle when JupyterLab shows no activity AND its GPUs show n
 - GPUs: `gpu_busy_percent` of each GPU the instance holds, from the host's sysfs. amdgpu exposes it in
   the render node's device directory, `<sysfs_root>/sys/class/drm/renderD<minor>/device/gpu_busy_percent`
   (the counter amd-smi reports as GFX activity; reading the file needs no subprocess, so amd-smi is not
-  used). Above settings.IDLE_GPU_BUSY_PERCENT on any GPU is activity: a job started from a shell keeps
-  its instance.
-  Where no file can be read (an older driver, or a host whose sysfs this worker cannot see), GPU use is
+  used). It is read on the host, through its engine (provisioning/hostfs.py: one helper container per
+  host and round; directly for this machine's own engine). Above settings.IDLE_GPU_BUSY_PERCENT on any
+  GPU is activity: a job started from a shell keeps its instance.
+  Where no file can be read (an older driver, or a host whose engine does not answer), GPU use is
   unknown and JupyterLab alone decides.
+- SSH: an open session through the SSH gateway (portal/sshgateway records them, with a heartbeat) is
+  use, whatever JupyterLab says: someone working in a terminal over SSH never touches JupyterLab. When
+  the last one ends, the idle clock starts from its end.
 
-The idle clock, `idle_since`, is the latest of: JupyterLab's activity, `ready_at`, and the last time
+The idle clock, `idle_since`, is the latest of: JupyterLab's activity, `ready_at`, the end of the last
+SSH session, and the last time
 this culler saw the GPUs busy or go idle again. Those GPU sightings are written to the instance's
 timeline ("GPUs busy...", "GPUs idle again...") only when they change and no kernel is busy (a busy
 kernel explains itself), so that the clock survives between rounds and the owner can see why the
@@ -41,7 +46,6 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 from django.conf import settings
@@ -49,21 +53,19 @@ from django.core.exceptions import ValidationError
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
-from portal.instances.models import Instance, InstanceEvent, LaunchPolicy
-from portal.instances.services import instance_event_record, instance_request_stop
 from portal.notifications.models import Kind, Notification
-from portal.notifications.services import (
-    StopReason,
-    notify_instance_idle_warning,
-    notify_instance_stopped,
-)
+from portal.notifications.services import notify_instance_idle_warning, notify_instance_stopped
+from portal.sshgateway.selectors import last_session_activity, open_session_instance_ids
+from provisioning.drivers.docker import jupyter_base_url
+from provisioning import hostfs
 
-from .drivers.docker import jupyter_base_url
-from .models import GpuAllocation
+from . import services
+from .models import Instance, InstanceEvent, LaunchPolicy
+from .stop_reasons import StopReason
+from .transitions import event_record as instance_event_record
 
 logger = logging.getLogger(__name__)
 
-STOP_REASON_IDLE = "idle"
 # Default of settings.IDLE_GPU_BUSY_PERCENT: utilisation above this, on any GPU the instance holds, counts
 # as use (an idle MI300X reads 0-2%).
 GPU_BUSY_PERCENT = 5
@@ -192,18 +194,6 @@ async def jupyter_activity(client: httpx.AsyncClient, instance, endpoint: str) -
         raise JupyterUnreachable(f"unreadable answer ({type(error).__name__}: {error})") from error
 
 
-def gpu_busy_percent(sysfs_root: str, render_minors) -> int | None:
-    """The highest gpu_busy_percent among these GPUs of a host, or None when none can be read (unknown)."""
-    readings = []
-    for minor in render_minors:
-        path = Path(sysfs_root) / "sys" / "class" / "drm" / f"renderD{minor}" / "device" / "gpu_busy_percent"
-        try:
-            readings.append(int(path.read_text().strip()))
-        except (OSError, ValueError):
-            continue
-    return max(readings) if readings else None
-
-
 def _running_instances():
     gpu_sightings = InstanceEvent.objects.filter(
         Q(message__startswith=GPU_EVENT_BUSY) | Q(message__startswith=GPU_EVENT_IDLE), instance=OuterRef("pk")
@@ -217,17 +207,6 @@ def _running_instances():
         )
         .order_by("ready_at")
     )
-
-
-def _held_gpus(instance_ids) -> dict:
-    """instance id -> (sysfs root, [render minors]) of the GPUs each instance holds."""
-    held: dict = {}
-    rows = GpuAllocation.objects.filter(instance_id__in=instance_ids, released_at__isnull=True).values_list(
-        "instance_id", "gpu__host__sysfs_root", "gpu__render_minor"
-    )
-    for instance_id, sysfs_root, minor in rows:
-        held.setdefault(instance_id, (sysfs_root, []))[1].append(minor)
-    return held
 
 
 def _probe_all(instances) -> dict:
@@ -285,23 +264,30 @@ def cull_idle(now: datetime | None = None) -> CullReport:
     ]
     report.checked = len(instances)
     activity = _probe_all(instances)
-    gpus = _held_gpus([instance.id for instance in instances])
+    instance_ids = [instance.id for instance in instances]
+    ssh_open = open_session_instance_ids(instance_ids)
+    ssh_last = last_session_activity(instance_ids)
+    gpu_percents = hostfs.instances_gpu_busy([instance.id for instance in instances])
 
     past_idle_time = []
     for instance in instances:
+        if instance.id in ssh_open:
+            report.busy += 1
+            continue
         seen = activity[instance.id]
         if isinstance(seen, JupyterUnreachable):
             report.unreachable += 1
             logger.warning("Idle culling skipped %s this round: JupyterLab: %s", instance.id, seen)
             continue
-        sysfs_root, minors = gpus.get(instance.id, ("/", []))
-        gpu_percent = gpu_busy_percent(sysfs_root, minors) if minors else None
+        gpu_percent = gpu_percents.get(instance.id)
         gpu_busy = None if gpu_percent is None else gpu_percent > busy_percent
         gpu_time = _track_gpu(instance, gpu_busy, gpu_percent, kernel_busy=seen.busy_kernels > 0, now=now)
         if seen.busy_kernels or gpu_busy:
             report.busy += 1
             continue
-        idle_since = max(filter(None, [seen.last_activity, instance.ready_at, gpu_time]))
+        idle_since = max(
+            filter(None, [seen.last_activity, instance.ready_at, gpu_time, ssh_last.get(instance.id)])
+        )
         if now - idle_since < timedelta(minutes=policy.idle_minutes_for(instance.size)):
             report.idle += 1
             continue
@@ -382,7 +368,7 @@ def _warn(idle: _Idle, grace_minutes: int, now: datetime) -> int:
     stop_at = now + timedelta(minutes=grace_minutes)
     instance_event_record(
         instance=idle.instance,
-        message=f"Idle for {idle.idle_minutes} minutes (no kernel, terminal or GPU activity): it stops at "
+        message=f"Idle for {idle.idle_minutes} minutes (no kernel, terminal, SSH or GPU activity): it stops at "
         f"{stop_at:%H:%M} UTC unless it is used again. Your /workspace files are kept.",
     )
     return 1
@@ -392,15 +378,15 @@ def _stop(idle: _Idle) -> int:
     """Stop the instance as idle and tell the owner. Returns 1 when it was stopped as idle, 0 when it had
     already ended or someone else (the owner, an operator) stopped it first."""
     try:
-        stopped = instance_request_stop(
+        stopped = services.instance_request_stop(
             instance_id=idle.instance.id,
-            stop_reason=STOP_REASON_IDLE,
-            message=f"Stopped after {idle.idle_minutes} minutes idle (no kernel, terminal or GPU activity). "
+            reason=StopReason.IDLE,
+            message=f"Stopped after {idle.idle_minutes} minutes idle (no kernel, terminal, SSH or GPU activity). "
             "Your /workspace files are kept.",
         )
     except (ValidationError, Instance.DoesNotExist):
         return 0
-    if stopped.stop_reason != STOP_REASON_IDLE:
+    if stopped.stop_reason != StopReason.IDLE:
         return 0
     notify_instance_stopped(instance=idle.instance, reason=StopReason.IDLE, idle_minutes=idle.idle_minutes)
     logger.info("Idle culling stopped %s after %s idle minutes", idle.instance.id, idle.idle_minutes)

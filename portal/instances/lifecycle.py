@@ -1,13 +1,17 @@
 """Worker-side operations on instances: provision, teardown, meter tick, reconcile, start queued launches.
 
-Every function here is safe to run twice and safe to kill at any line (design.md, "Reliability rules"):
+This is the instance lifecycle's worker half; the web half (launch, stop) is portal/instances/services.py.
+Both move Instance.state only through portal/instances/transitions.py, and use provisioning for the fleet:
+the scheduler (allocate and release GPUs), the drivers (start, stop, poll) and the hosts.
+
+Every function here is safe to run twice and safe to kill at any line (docs/architecture.md, "Reliability"):
 - state moves forward only by conditional updates (`filter(state=...).update(...)`), so a duplicate or
   late run finds the row already moved on and does nothing;
 - the driver's start is idempotent (the container name derives from the instance id), stop treats
   "already gone" as done, and the scheduler's allocate returns the GPUs an instance already holds;
 - whatever a killed worker leaves behind (a container, GPUs, an instance stuck in a transition) is
   found by `reconcile` on the next beat.
-Celery tasks (provisioning/tasks.py) are thin wrappers; retries of transient driver errors happen there.
+Celery tasks (portal/instances/tasks.py) are thin wrappers; retries of transient driver errors happen there.
 """
 
 import logging
@@ -24,14 +28,17 @@ from django.utils import timezone
 
 from portal.credits import metering
 from portal.credits.models import CreditAccount
-from portal.instances.models import Instance
-from portal.instances.services import enqueue, instance_event_record
+from portal.lib.tasks import publish
 from portal.notifications.services import notify_launch_failed
+from provisioning import scheduler
+from provisioning.drivers import driver_for
+from provisioning.drivers.base import DriverError
+from provisioning.models import GpuAllocation, GpuHost
 
-from . import scheduler
-from .drivers import driver_for
-from .drivers.base import DriverError
-from .models import GpuAllocation, GpuHost
+from . import tasks, transitions
+from .models import Instance
+from .stop_reasons import StopReason
+from .transitions import event_record
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +62,10 @@ STATUS_REQUEST_TIMEOUT = 2.0
 NOTHING_CHARGED = "Nothing was charged."
 
 
-def _move(instance_id, *, from_states, **changes) -> bool:
-    """Conditional update: move the instance only if it is still in one of `from_states`. Returns whether it moved."""
-    if "state" in changes:
-        changes.setdefault("state_changed_at", timezone.now())
-    return bool(Instance.objects.filter(id=instance_id, state__in=from_states).update(**changes))
+def enqueue(task, **kwargs) -> bool:
+    """Publish `task` with `kwargs`. Returns False (and logs) when the broker is unreachable: the beat
+    tasks (start_queued, reconcile) do the same work later, so nothing is lost."""
+    return publish(task, kwargs=kwargs)
 
 
 def _load(instance_id) -> Instance | None:
@@ -83,14 +89,7 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
 
     Raises DriverError(permanent=False) when the host cannot be reached; the task retries with resume.
     """
-    now = timezone.now()
-    claimed = _move(
-        instance_id,
-        from_states=[State.QUEUED],
-        state=State.PROVISIONING,
-        step=Step.ALLOCATING,
-        provisioning_at=now,
-    )
+    claimed = transitions.claim(instance_id, now=timezone.now())
     instance = _load(instance_id)
     if instance is None:
         return "skipped"
@@ -104,7 +103,7 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
         # Launches that already waited for GPUs go first; the queue task hands out what frees up.
         return _requeue(instance, "Waiting for free GPUs behind earlier launches")
     if claimed:
-        instance_event_record(instance=instance, message="Allocating GPUs.")
+        event_record(instance=instance, message="Allocating GPUs.")
     try:
         allocations = held or scheduler.allocate(instance_id=instance_id)
     except scheduler.SchedulerError:
@@ -120,7 +119,8 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     driver = driver_for(host, instance.driver)
     gpus = [allocation.gpu for allocation in allocations]
     try:
-        result = driver.start(instance, gpus)
+        # Slow steps inside the start (a workspace moving from another host) show on the timeline as they go.
+        result = driver.start(instance, gpus, progress=lambda line: event_record(instance=instance, message=line))
     except DriverError as error:
         if not error.permanent:
             raise
@@ -131,7 +131,7 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
             driver=driver,
         )
     state = {**result.state, "endpoint": result.endpoint}
-    if not Instance.objects.filter(id=instance_id, state=State.PROVISIONING).update(driver_state=state):
+    if not transitions.keep_driver_state(instance_id, state):
         # Stopped while the container started: the teardown may already have run, so remove it here.
         _stop_quietly(driver, instance)
         return "skipped"
@@ -146,19 +146,8 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     if not outcome.ready:
         return _fail(instance, outcome.reason, driver=driver)
 
-    ready_at = timezone.now()
-    if not _move(
-        instance_id,
-        from_states=[State.PROVISIONING],
-        state=State.RUNNING,
-        step=Step.READY,
-        ready_at=ready_at,
-        # Metering starts now and only now.
-        metered_until=ready_at,
-    ):
+    if not transitions.mark_running(instance, ready_at=timezone.now()):
         return "skipped"
-    instance.state, instance.step = State.RUNNING, Step.READY
-    instance_event_record(instance=instance, message="Ready: JupyterLab is answering.")
     return "running"
 
 
@@ -172,23 +161,15 @@ def _waiting_ahead(instance: Instance) -> bool:
 
 
 def _requeue(instance: Instance, why: str) -> str:
-    # provisioning_at stays set: it marks the instance as waiting for GPUs, for start_queued.
-    if not _move(instance.id, from_states=[State.PROVISIONING], state=State.QUEUED, step=Step.QUEUED):
+    if not transitions.requeue(instance):
         return "skipped"
-    instance.refresh_from_db()
     position = scheduler.queue_position(instance)
     where = f": number {position} in the queue" if position else ""
-    instance_event_record(instance=instance, message=f"{why}{where}. It starts as soon as GPUs free up.")
+    event_record(instance=instance, message=f"{why}{where}. It starts as soon as GPUs free up.")
     return "queued"
 
 
-def _step(instance: Instance, step: str, message: str) -> bool:
-    """Record progress. Returns False when the instance is no longer provisioning (stopped or failed meanwhile)."""
-    if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).update(step=step):
-        return False
-    instance.step = step
-    instance_event_record(instance=instance, message=message, state=State.PROVISIONING, step=step)
-    return True
+_step = transitions.step
 
 
 @dataclass
@@ -272,13 +253,8 @@ def instance_fail(*, instance_id, reason: str, from_states=(State.QUEUED, State.
 def _fail(
     instance: Instance, reason: str, *, driver=None, from_states=(State.QUEUED, State.PROVISIONING)
 ) -> str:
-    now = timezone.now()
-    if not _move(
-        instance.id, from_states=list(from_states), state=State.FAILED, failure_reason=reason, stopped_at=now
-    ):
+    if not transitions.fail(instance, reason=reason, from_states=list(from_states)):
         return "skipped"
-    instance.state = State.FAILED
-    instance_event_record(instance=instance, message=reason)
     if driver is not None:
         _stop_quietly(driver, instance)
     # GPUs go back even when the host did not answer: the reconciler removes the container once it does.
@@ -287,14 +263,13 @@ def _fail(
     if State.RUNNING not in from_states:
         # A launch that never got ready. (A running instance whose container vanished is not a failed
         # launch; there is no notification kind for it yet, so its owner reads the reason on the page.)
-        instance.failure_reason = reason
         notify_launch_failed(instance=instance)
     return "failed"
 
 
 def _kick_queue() -> None:
     """Ask for queued launches to start, now that GPUs are free. Beat does it anyway within a minute."""
-    transaction.on_commit(lambda: enqueue("provisioning.start_queued"))
+    transaction.on_commit(lambda: enqueue(tasks.start_queued))
 
 
 # --- teardown --------------------------------------------------------------------------------------------
@@ -303,6 +278,10 @@ def _kick_queue() -> None:
 def instance_teardown(*, instance_id, force: bool = False) -> str:
     """Take a STOPPING instance to STOPPED: stop the container (keeping the workspace volume), free its GPUs,
     charge whatever metering has not yet (only if it was ever ready), and start queued launches.
+
+    When the owner deleted their account (stop_reason account_deleted) the driver also removes their
+    workspace on this host (Driver.remove_workspace). The reason is read from the row, not passed in, so
+    a retry or the reconciler's forced teardown removes it too.
 
     Returns "stopped" or "skipped" (it is not stopping). Raises DriverError(permanent=False) when the host
     cannot be reached, for the task to retry; with `force` (the reconciler, after retries ran out) it
@@ -315,20 +294,20 @@ def instance_teardown(*, instance_id, force: bool = False) -> str:
         driver = driver_for(instance.host, instance.driver)
         try:
             driver.stop(instance)
+            if instance.stop_reason == StopReason.ACCOUNT_DELETED:
+                driver.remove_workspace(instance)
         except DriverError as error:
             if not force:
                 raise
             logger.warning("Tearing down %s without reaching its host: %s", instance_id, error.message)
     _close_metering(instance)
     released = scheduler.release(instance_id=instance_id)
-    if not _move(instance_id, from_states=[State.STOPPING], state=State.STOPPED, stopped_at=timezone.now()):
+    kept = instance.stop_reason != StopReason.ACCOUNT_DELETED
+    message = "Stopped. Your /workspace files are kept for your next launch." if kept else "Stopped."
+    if not transitions.finish_stop(instance, message=message):
         return "skipped"
-    instance.state = State.STOPPED
-    instance_event_record(
-        instance=instance, message="Stopped. Your /workspace files are kept for your next launch."
-    )
     if released:
-        enqueue("provisioning.start_queued")
+        enqueue(tasks.start_queued)
     return "stopped"
 
 
@@ -365,7 +344,7 @@ def meter_tick(now: datetime | None = None) -> metering.TickResult:
     for instance_id in result.stopped_queued_ids:
         scheduler.release(instance_id=instance_id)
     for instance_id in result.stopping_ids:
-        enqueue("provisioning.teardown_instance", instance_id=str(instance_id))
+        enqueue(tasks.teardown_instance, instance_id=str(instance_id))
     return result
 
 
@@ -392,7 +371,7 @@ def start_queued(now: datetime | None = None, *, limit: int = 100) -> int:
         except scheduler.SchedulerError:
             continue  # stopped meanwhile
         if allocations:
-            enqueue("provisioning.provision_instance", instance_id=str(instance.id))
+            enqueue(tasks.provision_instance, instance_id=str(instance.id))
             started += 1
     return started
 
@@ -498,9 +477,8 @@ def _repair_stuck(now: datetime, report: ReconcileReport) -> None:
         started = instance.provisioning_at or instance.state_changed_at
         if now - started < 2 * stuck_after:
             # Resumed once: every step is idempotent, so this finishes what a killed worker started.
-            if _move(instance.id, from_states=[State.PROVISIONING], state=State.PROVISIONING):
-                instance_event_record(instance=instance, message="Provisioning stalled; resuming it.")
-                enqueue("provisioning.provision_instance", instance_id=str(instance.id), resume=True)
+            if transitions.touch_stuck(instance, "Provisioning stalled; resuming it."):
+                enqueue(tasks.provision_instance, instance_id=str(instance.id), resume=True)
                 report.provisioning_resumed += 1
         elif instance_fail(
             instance_id=instance.id,
@@ -514,5 +492,5 @@ def _repair_stuck(now: datetime, report: ReconcileReport) -> None:
         "id", flat=True
     ):
         # state_changed_at is left alone: it is when billing ended, and teardown is safe to repeat.
-        enqueue("provisioning.teardown_instance", instance_id=str(instance_id), force=True)
+        enqueue(tasks.teardown_instance, instance_id=str(instance_id), force=True)
         report.teardowns_enqueued += 1
