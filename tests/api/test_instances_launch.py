@@ -138,3 +138,35 @@ def test_it_refuses_an_overlong_idempotency_key(rich_alice, cpu):
     body = assert_problem(api.post(URL, {"size": "1x", "image": "cpu"}, headers={"Idempotency-Key": "k" * 201}), 400)
     assert "Idempotency-Key" in body["errors"]
     assert not Instance.objects.exists()
+
+
+def test_it_refuses_a_launch_over_the_live_instance_limit_with_409(rich_alice, cpu):
+    from portal.instances.models import LaunchPolicy
+
+    LaunchPolicy.current()
+    LaunchPolicy.objects.update(max_live_instances=1)
+    _, api = token_for(rich_alice)
+    api.post(URL, {"size": "1x", "image": "cpu"})
+    body = assert_problem(api.post(URL, {"size": "1x", "image": "cpu"}), 409, kind="instance-limit")
+    assert "the limit is 1 at once" in body["detail"]
+    assert Instance.objects.filter(user=rich_alice).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("with_key", [True, False])
+def test_a_queue_outage_answers_503_charges_nothing_and_frees_the_key(alice, cpu, monkeypatch, with_key):
+    from portal.instances import services as instance_services
+
+    give(alice, 25)
+    entries = LedgerEntry.objects.count()
+    monkeypatch.setattr(instance_services, "enqueue", lambda *args, **kwargs: False)
+    _, api = token_for(alice)
+    headers = {"Idempotency-Key": "retry-me"} if with_key else {}
+    body = assert_problem(api.post(URL, {"size": "1x", "image": "cpu"}, headers=headers), 503, kind="unavailable")
+    assert "nothing was charged" in body["detail"].lower() or "Nothing was charged" in body["detail"]
+    assert LedgerEntry.objects.count() == entries
+    assert Instance.objects.get(user=alice).state == Instance.State.FAILED
+    monkeypatch.undo()
+    if with_key:
+        # The key was not spent on the launch that never started: the retry launches.
+        assert api.post(URL, {"size": "1x", "image": "cpu"}, headers=headers).status_code == 201
