@@ -50,7 +50,10 @@ class LedgerEntry(models.Model):
         REVERSAL = "reversal", "Reversal"
         EXPIRY = "expiry", "Expiry"
 
-    account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="entries")
+    # No index of its own: the (account, -created_at, -id) index below serves lookups by account too.
+    account = models.ForeignKey(
+        CreditAccount, on_delete=models.PROTECT, related_name="entries", db_index=False
+    )
     kind = models.CharField(max_length=20, choices=Kind.choices)
     gpu_seconds = models.BigIntegerField(help_text="Signed: positive adds credit, negative spends it.")
     balance_after = models.BigIntegerField()
@@ -66,7 +69,11 @@ class LedgerEntry(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "ledger entries"
-        indexes = [models.Index(fields=["account", "-created_at"])]
+        # A user's latest entries (the dashboard, the console's user page) in the order shown, read
+        # straight from the index with no sort, however long their history.
+        indexes = [
+            models.Index(fields=["account", "-created_at", "-id"], name="credits_ledger_account_latest")
+        ]
 
     def __str__(self):
         return f"{self.kind} {hours(self.gpu_seconds)} ({self.reason})"
