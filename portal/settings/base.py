@@ -1,5 +1,6 @@
 """Settings shared by every environment. Every value comes from the environment; README.md has the table."""
 
+import importlib.util
 from pathlib import Path
 
 import environ
@@ -81,6 +82,18 @@ TEMPLATES = [
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'devcloud.sqlite3'}")}
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=0))
+# On PostgreSQL each process keeps a pool of open connections (psycopg_pool through Django's "pool"
+# option): opening one costs the database a process and several milliseconds per request, and under
+# ASGI every request runs in a new thread, so persistent connections (CONN_MAX_AGE) are never reused.
+# Setting DATABASE_CONN_MAX_AGE turns the pool off (Django allows one or the other), and so does an
+# environment without the psycopg-pool package.
+_database = DATABASES["default"]
+if (
+    _database["ENGINE"] == "django.db.backends.postgresql"
+    and not _database["CONN_MAX_AGE"]
+    and importlib.util.find_spec("psycopg_pool") is not None
+):
+    _database.setdefault("OPTIONS", {}).setdefault("pool", {"min_size": 1, "max_size": 16, "timeout": 10})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Rate-limit counters live in the database, so pages and sign-up keep working while Redis is down.
