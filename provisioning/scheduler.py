@@ -10,6 +10,8 @@ Rules (design.md, "Instances"):
 - Images: a host is a candidate only when it has the instance's image, or a pull (an ImageJob) of it is
   under way there, or its images were never looked at (a host nobody surveyed is not refused on a guess).
   Hosts that have the image come first, so a launch waits on a pull only when no host has the image.
+- Workspaces: among those, the host that holds the owner's workspace (Workspace) comes next, before
+  packing, so a launch there starts without moving it (provisioning/workspaces.py).
 
 Allocation is serialised by PostgreSQL, not by a process: the candidate search is one aggregate query,
 the chosen host's row is locked (select_for_update) and its free GPUs re-read under that lock, and the
@@ -31,7 +33,7 @@ from django.utils import timezone
 from portal.instances.models import Instance
 from portal.instances.sizes import SIZES
 
-from .models import Gpu, GpuAllocation, GpuHost, HostImage, ImageJob
+from .models import Gpu, GpuAllocation, GpuHost, HostImage, ImageJob, Workspace
 
 GPUS_PER_WHOLE_HOST = 8
 # Hosts fetched per candidate query. Each one is tried under its lock; only when all were taken by
@@ -57,7 +59,9 @@ def _image_annotations(reference: str) -> dict:
     }
 
 
-def _candidate_hosts(*, gpus_needed: int, exclude_ids, reserve_whole_hosts: bool, reference: str = ""):
+def _candidate_hosts(
+    *, gpus_needed: int, exclude_ids, reserve_whole_hosts: bool, reference: str = "", user_id=None
+):
     """Ids of ACTIVE hosts that can take `gpus_needed` GPUs now, best first. One aggregate query.
 
     `free` counts present GPUs without a live allocation. The join to allocations is filtered to live
@@ -82,6 +86,11 @@ def _candidate_hosts(*, gpus_needed: int, exclude_ids, reserve_whole_hosts: bool
             Q(has_image=True) | Q(pulling=True) | Q(surveyed=False)
         )
         image_first = ["-has_image"]
+    if user_id is not None:
+        hosts = hosts.annotate(
+            has_workspace=Exists(Workspace.objects.filter(host=OuterRef("pk"), user_id=user_id))
+        )
+        image_first.append("-has_workspace")
     if gpus_needed == GPUS_PER_WHOLE_HOST:
         hosts = hosts.filter(present=GPUS_PER_WHOLE_HOST, used=0).order_by(*image_first, "name", "pk")
     else:
@@ -150,6 +159,7 @@ def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAlloc
                 exclude_ids=tried,
                 reserve_whole_hosts=reserve_whole_hosts,
                 reference=instance.image.reference,
+                user_id=instance.user_id,
             )
             if not candidates:
                 return None

@@ -42,9 +42,10 @@ class StartResult:
 class Driver:
     """One backend on one host.
 
-    start(instance, gpus) -> StartResult
+    start(instance, gpus, progress=None) -> StartResult
         Creates and starts the instance's container (or process) with exactly `gpus`, and returns once
-        it is started (not necessarily answering). Idempotent: the container name derives from the
+        it is started (not necessarily answering). `progress(message)`, when given, gets lines for the
+        instance's timeline about slow steps (a workspace moving from another host). Idempotent: the container name derives from the
         instance id, so a retry finds the existing one and returns its endpoint instead of making a
         second. Raises DriverError(permanent=True) for a bad image or a device that does not exist,
         DriverError(permanent=False) when the engine cannot be reached.
@@ -76,7 +77,7 @@ class Driver:
     def __init__(self, host):
         self.host = host
 
-    def start(self, instance, gpus) -> StartResult:
+    def start(self, instance, gpus, progress=None) -> StartResult:
         raise NotImplementedError
 
     def stop(self, instance) -> None:

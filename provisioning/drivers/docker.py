@@ -3,7 +3,9 @@
 Per instance the driver makes, all named and labelled after the instance so a retry finds them:
   container  devcloud-<instance uuid>      JupyterLab; /dev/kfd and only its own GPUs' render nodes
   network    devcloud-net-<instance uuid>  a bridge of its own, so tenants cannot reach each other
-and per user a volume <portal id>-ws-<user id> at /workspace, kept when the instance stops.
+and per user a volume <portal id>-ws-<user id> at /workspace, kept when the instance stops. The volume
+lives on one host at a time and follows its owner: start moves it here first when it is elsewhere
+(provisioning/workspaces.py).
 
 Everything the reconciler needs is in the labels: devcloud.managed, devcloud.portal (portals sharing an
 engine never touch each other's), devcloud.instance, devcloud.user, devcloud.gpus.
@@ -83,6 +85,11 @@ def volume_name(user_id) -> str:
     # Prefixed with the portal id ("devcloud" by default, giving devcloud-ws-<user id>): two portals on
     # one engine have users with the same ids, and must never share a workspace.
     return f"{portal_id()}-ws-{user_id}"
+
+
+def volume_labels(user_id) -> dict[str, str]:
+    # devcloud.user lets account deletion find the person's volumes on every host.
+    return {"devcloud.managed": "true", "devcloud.portal": portal_id(), "devcloud.user": str(user_id)}
 
 
 def instance_labels(instance, gpus=()) -> dict[str, str]:
@@ -201,13 +208,18 @@ class DockerDriver(Driver):
 
     # --- The contract -----------------------------------------------------------------------------
 
-    def start(self, instance, gpus) -> StartResult:
+    def start(self, instance, gpus, progress=None) -> StartResult:
         """Starts the instance's container with exactly `gpus` and returns its endpoint and state.
 
-        Idempotent: an existing container for the instance is started if needed and reused (or replaced,
-        when it was made for other GPUs). Raises DriverError(permanent=True) for a missing image or device,
-        DriverError(permanent=False) when the engine cannot be reached or times out.
+        Before the container is made, the owner's workspace is brought here from the host that holds it
+        (provisioning/workspaces.py); `progress(message)` gets the lines to show on the instance's timeline
+        while it moves. Idempotent: an existing container for the instance is started if needed and reused
+        (or replaced, when it was made for other GPUs). Raises DriverError(permanent=True) for a missing
+        image or device, or a workspace that did not arrive whole, DriverError(permanent=False) when the
+        engine cannot be reached or times out.
         """
+        from .. import workspaces
+
         gpus = sorted(gpus, key=lambda gpu: gpu.render_minor)
         client = self.client()
         name = container_name(instance)
@@ -221,9 +233,12 @@ class DockerDriver(Driver):
                 container.remove(force=True)
                 container = None
             network = self._ensure_network(client, instance)
+            if container is None:
+                workspaces.workspace_prepare(driver=self, instance=instance, progress=progress)
             volume = self._ensure_volume(client, instance)
             if container is None:
                 container = self._create_container(client, instance, gpus, network.name, volume.name)
+                workspaces.workspace_created(user_id=instance.user_id, host=self.host, volume=volume.name)
                 # Before the first start, so sshd trusts the owner's keys from its first connection.
                 self._put_authorized_keys(container, authorized_keys_text(instance.user_id))
             if container.status != "running":
@@ -304,6 +319,21 @@ class DockerDriver(Driver):
         except Exception as error:
             raise self._api_error(error, "listing containers") from error
         return {c.attrs.get("Labels", {}).get("devcloud.instance") for c in containers} - {None}
+
+    def remove_workspace(self, instance) -> None:
+        """Removes the owner's workspace volume on this host. Missing is fine; a volume another container
+        still mounts is left for provisioning.workspaces' removal rows to retry. Raises
+        DriverError(permanent=False) when the engine cannot be reached."""
+        try:
+            self.client().volumes.get(volume_name(instance.user_id)).remove()
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as error:
+            if error.status_code != 409:
+                raise self._api_error(error, "removing the workspace") from error
+            logger.info("Workspace of user %s on %s is still in use", instance.user_id, self.host.name)
+        except Exception as error:
+            raise self._api_error(error, "removing the workspace") from error
 
     def logs(self, instance, tail: int = 100) -> str:
         """The last `tail` lines of the container's output (stdout and stderr), for the operator console.
@@ -499,13 +529,8 @@ class DockerDriver(Driver):
         try:
             return client.volumes.get(name)
         except docker.errors.NotFound:
-            labels = {
-                "devcloud.managed": "true",
-                "devcloud.portal": portal_id(),
-                "devcloud.user": str(instance.user_id),
-            }
             # Creating an existing volume returns it, so a concurrent create is harmless.
-            return client.volumes.create(name, labels=labels)
+            return client.volumes.create(name, labels=volume_labels(instance.user_id))
 
     def _device_paths(self, gpus) -> list[tuple[str, str]]:
         """(host path, container path) of /dev/kfd and each GPU's render node; empty without GPUs."""

@@ -159,7 +159,7 @@ class FakeDriver(Driver):
             )
         return behaviour
 
-    def start(self, instance, gpus) -> StartResult:
+    def start(self, instance, gpus, progress=None) -> StartResult:
         behaviour = self._check_engine("start", instance.id)
         with cloud.lock:
             if behaviour.transient_start_failures > 0:

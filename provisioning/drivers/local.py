@@ -47,7 +47,7 @@ class LocalDriver(Driver):
     def workspace(self, instance) -> Path:
         return local_root() / "workspaces" / str(instance.user_id)
 
-    def start(self, instance, gpus) -> StartResult:
+    def start(self, instance, gpus, progress=None) -> StartResult:
         """Starts JupyterLab for the instance and returns its endpoint and state ({pid, port, ...}).
 
         Idempotent: when the recorded process is still alive it is reused. Raises
