@@ -45,9 +45,9 @@ class Driver:
     start(instance, gpus, progress=None) -> StartResult
         Creates and starts the instance's container (or process) with exactly `gpus`, and returns once
         it is started (not necessarily answering). `progress(message)`, when given, gets lines for the
-        instance's timeline about slow steps (a workspace moving from another host). Idempotent: the container name derives from the
-        instance id, so a retry finds the existing one and returns its endpoint instead of making a
-        second. Raises DriverError(permanent=True) for a bad image or a device that does not exist,
+        instance's timeline about slow steps (a workspace moving from another host). Idempotent: the
+        container name derives from the instance id, so a retry finds the existing one and returns its
+        endpoint instead of making a second. Raises DriverError(permanent=True) for a bad image or a device that does not exist,
         DriverError(permanent=False) when the engine cannot be reached.
     stop(instance) -> None
         Stops and removes the container, keeping the workspace volume. Returns only once it is gone.
