@@ -31,6 +31,9 @@ services:
 test: venv services
 	# HOOK (issue 3): build the container images the tests launch (the CPU JupyterLab image; once per hash).
 	if [ -f scripts/build-images.sh ]; then PYTHON=$(PY) bash scripts/build-images.sh; fi
+	# The import contracts in pyproject.toml (docs/architecture.md, "Layers"): a second or two, and a broken
+	# layer fails here before the suite starts.
+	$(VENV)/bin/lint-imports --no-logo --cache-dir var/import-linter
 	set -a; if [ -f var/test-env ]; then . var/test-env; fi; set +a; \
 	  $(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests; failing" >&2; exit 1; fi; \

@@ -165,16 +165,14 @@ def instance_launch(*, user, size: str, image_key: str) -> Instance:
                 selectors.shortfall_message(size_obj, needed, available, selectors.running_gpus_of(user)),
                 code="credit",
             )
-        instance = Instance.objects.create(
+        instance = transitions.queue(
+            message=f"Launch of {image.name} on {size_obj.name} queued.",
             user=user,
             size=size_obj.key,
             image=image,
-            state=Instance.State.QUEUED,
-            step=Instance.Step.QUEUED,
             driver=settings.DEVCLOUD_DRIVER,
             jupyter_token=secrets.token_hex(24),
         )
-        instance_event_record(instance=instance, message=f"Launch of {image.name} on {size_obj.name} queued.")
         transaction.on_commit(lambda: publish(instance.id))
     if published.get("ok") is False:
         raise LaunchUnavailable(UNAVAILABLE_MESSAGE, code="unavailable")

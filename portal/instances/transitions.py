@@ -53,6 +53,15 @@ def _move(instance_id, *, from_states, **changes) -> bool:
 # --- launch ----------------------------------------------------------------------------------------------
 
 
+def queue(*, message: str, **fields) -> Instance:
+    """A new instance, born queued. Returns it. The caller (services.instance_launch) has checked the
+    launch and holds the owner's CreditAccount lock."""
+    instance = Instance.objects.create(state=State.QUEUED, step=Step.QUEUED, **fields)
+    event_record(instance=instance, message=message)
+    return instance
+
+
+
 def claim(instance_id, *, now: datetime) -> bool:
     """queued -> provisioning: one worker takes the launch. Returns whether this call claimed it."""
     return _move(

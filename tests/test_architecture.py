@@ -1,0 +1,82 @@
+"""The layering holds: the import contracts in pyproject.toml pass, and only portal/instances/transitions.py
+writes Instance.state (docs/architecture.md, "Layers" and "The instance state machine")."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE = [ROOT / "portal", ROOT / "provisioning"]
+TRANSITIONS = ROOT / "portal" / "instances" / "transitions.py"
+WRITES = {"create", "update", "bulk_create", "bulk_update", "get_or_create", "update_or_create"}
+
+
+def test_the_import_contracts_are_kept():
+    lint = Path(sys.executable).parent / "lint-imports"
+
+    result = subprocess.run(
+        [str(lint), "--no-logo", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def _chain_names(node) -> set[str]:
+    """Every name along a call chain such as Instance.objects.filter(...).update(...)."""
+    names = set()
+    while True:
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+            return names
+        else:
+            return names
+
+
+def instance_state_writes(path: Path) -> list[str]:
+    """Lines of `path` that write Instance rows with a state (or with keywords we cannot see)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in WRITES or "Instance" not in _chain_names(node.func.value):
+            continue
+        keywords = {keyword.arg for keyword in node.keywords}
+        if "state" in keywords or None in keywords:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        if node.func.attr == "bulk_update" and "state" in ast.unparse(node):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        if node.func.attr == "bulk_create" and "Instance(" in ast.unparse(node) and "state=" in ast.unparse(node):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_only_the_transitions_module_writes_instance_state():
+    writes = [
+        line
+        for base in CODE
+        for path in sorted(base.rglob("*.py"))
+        if "migrations" not in path.parts and path != TRANSITIONS
+        for line in instance_state_writes(path)
+    ]
+
+    assert writes == [], "Instance.state changes only through portal/instances/transitions.py"
+
+
+def test_the_scan_finds_the_state_writes_metering_used_to_make(tmp_path, monkeypatch):
+    # What credits/metering.py did before the bulk stop: if the scan missed it, it would miss anything.
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    old = tmp_path / "metering.py"
+    old.write_text(
+        "Instance.objects.filter(id__in=ids, state__in=live).update(state=Instance.State.STOPPING)\n"
+        "Instance.objects.filter(id__in=ids).update(**changes)\n"
+        "Instance.objects.filter(id__in=ids).update(metered_until=now)\n"
+    )
+
+    assert instance_state_writes(old) == ["metering.py:1", "metering.py:2"]
