@@ -12,6 +12,7 @@ Two kinds, because the portal is several processes (uvicorn workers, two Celery 
   every process; a gauge kept in process memory would be stale or differ per process.
 """
 
+import glob
 import logging
 import os
 import time
@@ -19,11 +20,36 @@ import time
 from django.conf import settings
 from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
+
+
+def _multiprocess_directory_ready() -> bool:
+    """Make PROMETHEUS_MULTIPROC_DIR if it is set but missing (deploy/tmpfiles.d makes it at boot; a
+    manage.py command run before that must not crash on import). Returns False when it is set and cannot
+    be used: this process then counts in memory only, and says so."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return True
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if not os.access(directory, os.W_OK):
+            raise PermissionError(f"{directory} is not writable by this user")
+    except OSError as error:
+        # E.g. a manage.py command run as another user than the services.
+        logger.warning(
+            "metrics: cannot use PROMETHEUS_MULTIPROC_DIR (%s); counting in this process only", error
+        )
+        values.ValueClass = values.MutexValue
+        return False
+    return True
+
+
+# True when PROMETHEUS_MULTIPROC_DIR is set but unusable: /metrics then shows this process's events only.
+_in_process_only = not _multiprocess_directory_ready()
 
 LAUNCH_BUCKETS = (0.5, 1, 2, 3, 5, 8, 13, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 TASK_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -220,13 +246,29 @@ class StateCollector:
         yield up
 
 
+def forget_dead_processes(directory: str) -> None:
+    """Drop the live-summed gauges (open websockets) of processes that are gone, e.g. a uvicorn worker
+    that crashed with sockets open; counters and histograms of dead processes stay, as they should."""
+    for path in glob.glob(os.path.join(directory, "gauge_live*_*.db")):
+        try:
+            pid = int(os.path.basename(path).rsplit("_", 1)[1].removesuffix(".db"))
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(pid, directory)
+        except (ValueError, PermissionError):
+            continue
+
+
 def exposition() -> bytes:
     """The text exposition of every metric: events from every process (multiprocess mode) or from this
     one, then the state read now."""
     started = time.monotonic()
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and not _in_process_only:
         from prometheus_client import multiprocess
 
+        forget_dead_processes(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         events = CollectorRegistry()
         multiprocess.MultiProcessCollector(events)
     else:
