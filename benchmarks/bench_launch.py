@@ -1,25 +1,32 @@
 """Launch latency: from clicking Launch to JupyterLab answering /api/status through the gateway, next to a
-plain `docker run` of the same image answering /api/status, measured in the same run on the same machine.
+plain `docker run` of the same image with the same hardening and a network of its own, answering
+/api/status, measured in the same run on the same machine.
 
-Everything is real: a scratch PostgreSQL database, Redis, a Celery worker subprocess, the Docker engine
-with the built CPU image, and the portal under uvicorn in its own process (as `make run` serves it).
-Two simulated 8x MI300X hosts (the KFD fixture sysfs and stand-in device nodes) share the local engine;
-their containers may use every CPU of the engine, as a plain `docker run` may.
+Everything is real: a scratch PostgreSQL database, Redis, the Celery workers, the Docker engine with the
+built CPU image, and the portal under uvicorn in its own process (as `make run` serves it). Simulated 8x
+MI300X hosts (the KFD fixture sysfs and stand-in device nodes), as many as the largest burst needs,
+share the local engine; their containers may use every CPU of the engine, as a plain `docker run` may.
 
-- portal: `instance_launch` (what the Launch button's view calls) -> the worker allocates, starts the
-  hardened container on its own network, and waits for JupyterLab -> the first 200 from
+The workers are the layout `make run` and the deploy kit start (portal/workers.py): the default worker
+and the provisioning worker, each with exactly the command line `portal.workers.command()` gives them,
+the production settings, and queues of their own for this run.
+
+- portal: `instance_launch` (what the Launch button's view calls) -> the provisioning worker allocates,
+  starts the hardened container on its own network, and waits for JupyterLab -> the first 200 from
   GET /instances/<id>/lab/api/status through the gateway with the owner's session cookie. The gateway
   refuses an instance until it runs, so the clock waits for the instance to run (one thread reads every
   waited-for state in one query per look) and then asks the gateway.
-- plain: `docker run -d -p 127.0.0.1:<port>:8888` with the same token and base URL, then GET /api/status
-  on that port until it answers 200.
+- plain: what an operator would type for one hardened instance: `docker network create` (a bridge of
+  its own), `docker volume create` (the workspace), then `docker run -d` with the hardening of the
+  portal's own container (user, dropped capabilities, no-new-privileges, memory, CPUs, pids, shm, IPC,
+  the stand-in GPU devices and their groups, log limits; read from the warm-up launch's container), the
+  same environment and published ports; then GET /api/status on its port until it answers 200.
 
 Single launches alternate portal / plain, REPEAT times each after one warm-up of both, every instance
-stopped (and its teardown finished) before the next. The burst fires BURST launches at once from BURST
-threads (one user each), and as many `docker run`s at once, and reports each one's own time; it runs
-BURST_ROUNDS times for each side, alternating which side goes first. The worker runs a thread pool as
-large as the burst: provisioning mostly waits on the engine and on JupyterLab, so the number of launches
-that start at once is the worker's concurrency.
+stopped (and its teardown finished) before the next. Each burst (BURSTS: 10 and 30) fires that many
+launches at once from as many threads (one user each), and as many plain runs at once, and reports each
+one's own time; it runs BURST_ROUNDS times for each side, alternating which side goes first. Target:
+the portal's median within 1.10 times plain's median, for each burst.
 
 JupyterLab's own start-up (from the container starting to its "Use Control-C to stop this server" log
 line, timestamped by the engine) is most of either figure and varies with the machine's load. The bench
@@ -32,6 +39,7 @@ Needs root (mknod for the stand-in device nodes) and the CPU image (`make bench`
 import logging
 import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,9 +58,11 @@ from benchmarks import scratch_database
 
 DATABASE = "devcloud_bench_launch"
 REPEAT = int(os.environ.get("BENCH_LAUNCH_REPEAT", "5"))
-BURST = int(os.environ.get("BENCH_LAUNCH_BURST", "10"))
-# 0 skips the burst.
+# Burst sizes, e.g. "10,30"; empty skips the bursts.
+BURSTS = [int(size) for size in os.environ.get("BENCH_LAUNCH_BURSTS", "10,30").split(",") if size.strip()]
 BURST_ROUNDS = int(os.environ.get("BENCH_LAUNCH_BURST_ROUNDS", "2"))
+TARGET_RATIO = 1.10
+GPUS_PER_HOST = 8
 # How often the clocks look: every 10 ms for single launches; every 50 ms in a burst, where ten clocks
 # at 10 ms would themselves load a small machine (on both sides alike).
 POLL = 0.01
@@ -300,41 +310,96 @@ class Portal:
 
 
 class Plain:
-    """`docker run` of the same image, timed to its first 200 from /api/status on the published port."""
+    """One hardened instance by hand: its own network and workspace volume, then `docker run` of the same
+    image with the portal container's hardening, timed to its first 200 from /api/status."""
 
     def __init__(self, reference: str, label: str):
         self.reference = reference
         self.label = label
+        self.hardening: list[str] = []
+        self.environment: dict[str, str] = {}
+        self.publish_ip = "127.0.0.1"
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def copy_hardening(self, container) -> None:
+        """Takes the run options from one of the portal's containers (docker inspect), so both sides run
+        the same user, limits, devices and environment, whatever the driver sets today."""
+        container.reload()
+        config, host = container.attrs["Config"], container.attrs["HostConfig"]
+        image_env = set(container.image.attrs["Config"].get("Env") or [])
+        options = ["--user", config["User"]] if config.get("User") else []
+        options += [arg for cap in host.get("CapDrop") or [] for arg in ("--cap-drop", cap)]
+        options += [arg for cap in host.get("CapAdd") or [] for arg in ("--cap-add", cap)]
+        options += [arg for opt in host.get("SecurityOpt") or [] for arg in ("--security-opt", opt)]
+        if host.get("Memory"):
+            options += ["--memory", str(host["Memory"]), "--memory-swap", str(host.get("MemorySwap") or -1)]
+        if host.get("NanoCpus"):
+            options += ["--cpus", f"{host['NanoCpus'] / 1e9:g}"]
+        if host.get("PidsLimit"):
+            options += ["--pids-limit", str(host["PidsLimit"])]
+        if host.get("ShmSize"):
+            options += ["--shm-size", str(host["ShmSize"])]
+        if host.get("IpcMode"):
+            options += ["--ipc", host["IpcMode"]]
+        for device in host.get("Devices") or []:
+            spec = f"{device['PathOnHost']}:{device['PathInContainer']}:{device['CgroupPermissions']}"
+            options += ["--device", spec]
+        options += [arg for group in host.get("GroupAdd") or [] for arg in ("--group-add", group)]
+        log = host.get("LogConfig") or {}
+        if log.get("Type"):
+            options += ["--log-driver", log["Type"]]
+            options += [arg for key, value in (log.get("Config") or {}).items() for arg in ("--log-opt", f"{key}={value}")]
+        options += ["--restart", "no"]
+        self.hardening = options
+        self.environment = dict(
+            entry.split("=", 1) for entry in config.get("Env") or [] if entry not in image_env and "=" in entry
+        )
+        bindings = host.get("PortBindings") or {}
+        for binding in bindings.values():
+            if binding and binding[0].get("HostIp"):
+                self.publish_ip = binding[0]["HostIp"]
+        self.ports = sorted(bindings)
 
     def run_and_time(self) -> Sample:
         from tests.gateway.helpers import free_port
         from tests.support.docker_instances import docker_client
 
-        token, base = secrets.token_hex(24), f"/instances/{uuid.uuid4()}/lab/"
-        port = free_port()
+        with self._lock:
+            self._count += 1
+            number = self._count
+        token, instance_id = secrets.token_hex(24), uuid.uuid4()
+        base = f"/instances/{instance_id}/lab/"
+        environment = {
+            **self.environment,
+            "JUPYTER_TOKEN": token,
+            "JUPYTER_BASE_URL": base,
+            "DEVCLOUD_INSTANCE_ID": str(instance_id),
+        }
+        ports = {port: free_port() for port in self.ports or ["8888/tcp"]}
+        lab_port = ports.get("8888/tcp") or next(iter(ports.values()))
+        name = f"{self.label.split('=')[-1]}-{number}"
         client = httpx.Client(headers={"Authorization": f"token {token}"}, timeout=5)
         clicked = _now()
         started = time.perf_counter()
-        run = subprocess.run(
-            [
-                "docker",
-                "run",
-                "-d",
-                "--label",
-                self.label,
-                "-e",
-                f"JUPYTER_TOKEN={token}",
-                "-e",
-                f"JUPYTER_BASE_URL={base}",
-                "-p",
-                f"127.0.0.1:{port}:8888",
-                self.reference,
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
+        subprocess.run(
+            ["docker", "network", "create", "--driver", "bridge", "--label", self.label,
+             "-o", f"com.docker.network.bridge.name=dp-{instance_id.hex[:12]}", f"{name}-net"],
+            check=True, capture_output=True, text=True,
         )
-        url = f"http://127.0.0.1:{port}{base}api/status"
+        subprocess.run(
+            ["docker", "volume", "create", "--label", self.label, f"{name}-workspace"],
+            check=True, capture_output=True, text=True,
+        )
+        command = ["docker", "run", "-d", "--name", name, "--label", self.label, "--network", f"{name}-net"]
+        command += ["--hostname", f"plain-{number}", *self.hardening]
+        command += ["--mount", f"type=volume,source={name}-workspace,target=/workspace"]
+        for key, value in environment.items():
+            command += ["-e", f"{key}={value}"]
+        for container_port, host_port in ports.items():
+            command += ["-p", f"{self.publish_ip}:{host_port}:{container_port.split('/')[0]}"]
+        run = subprocess.run([*command, self.reference], check=True, capture_output=True, text=True)
+        url = f"http://{self.publish_ip}:{lab_port}{base}api/status"
         with client:
             _wait(lambda: _answers(client, url), "plain docker run to answer")
         total = time.perf_counter() - started
@@ -343,7 +408,7 @@ class Plain:
             total=total,
             boot=(serving - container_started).total_seconds(),
             phases={
-                "docker run -> container started": (container_started - clicked).total_seconds(),
+                "network, volume, run -> container started": (container_started - clicked).total_seconds(),
                 "JupyterLab serves -> the clock's 200": (
                     clicked + timedelta(seconds=total) - serving
                 ).total_seconds(),
@@ -351,14 +416,64 @@ class Plain:
         )
 
     def remove_all(self) -> None:
-        ids = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label={self.label}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+        def listed(*command):
+            return subprocess.run(
+                [*command, "--filter", f"label={self.label}"], capture_output=True, text=True, check=False
+            ).stdout.split()
+
+        containers = listed("docker", "ps", "-aq")
+        if containers:
+            subprocess.run(["docker", "rm", "-f", *containers], capture_output=True, check=False)
+        networks = listed("docker", "network", "ls", "-q")
+        if networks:
+            subprocess.run(["docker", "network", "rm", *networks], capture_output=True, check=False)
+        volumes = listed("docker", "volume", "ls", "-q")
+        if volumes:
+            subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True, check=False)
+
+
+@contextmanager
+def _layout_workers(env: dict, log_dir: Path):
+    """The Celery workers of portal/workers.py (not beat: the bench drives time itself), each started with
+    exactly portal.workers.command(name); yields once both consume."""
+    from portal import workers
+
+    started = []
+    try:
+        for name in ("default", "provisioning"):
+            log = log_dir / f"worker-{name}.log"
+            with open(log, "wb") as log_file:
+                process = subprocess.Popen(
+                    workers.command(name, python=sys.executable, environ=env),
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            started.append((name, process, log))
+        for name, process, log in started:
+            _wait(
+                lambda: " ready." in log.read_text(errors="replace") or process.poll() is not None,
+                f"the {name} worker to start",
+                60,
+            )
+            if process.poll() is not None:
+                raise RuntimeError(f"the {name} worker exited: {log.read_text(errors='replace')[-2000:]}")
+        yield [process for _, process, _ in started]
+    except BaseException:
+        for name, _, log in started:
+            print(f"----- {name} worker log -----\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    finally:
+        for _, process, _ in started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for _, process, _ in started:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
 
 
 def _burst(count: int, work) -> list:
@@ -389,8 +504,8 @@ def _median(values) -> float:
     return statistics.median(list(values))
 
 
-def _report(label: str, portal: list[Sample], plain: list[Sample]) -> dict:
-    """Prints one scenario's comparison and returns its figures."""
+def _report(label: str, portal: list[Sample], plain: list[Sample], target: float | None = None) -> dict:
+    """Prints one scenario's comparison (and, given a target ratio, whether it meets it); returns its figures."""
     figures = {
         "portal_median_s": _median(s.total for s in portal),
         "portal_max_s": max(s.total for s in portal),
@@ -418,6 +533,9 @@ def _report(label: str, portal: list[Sample], plain: list[Sample]) -> dict:
         f"ratio {figures['ratio']:.3f} median, {figures['max_ratio']:.3f} max; "
         f"outside JupyterLab's start-up {figures['outside_boot_over_s']:+.3f} s"
     )
+    if target is not None:
+        verdict = "meets" if figures["ratio"] <= target else "MISSES"
+        print(f"  target: portal median within {target:.2f}x plain's median: {verdict} ({figures['ratio']:.3f}x)")
     print("  where the time goes (median of each phase):")
     for sample_set, side in ((portal, "portal"), (plain, "plain")):
         for phase in sample_set[0].phases:
@@ -442,6 +560,7 @@ def main() -> dict:
     if os.geteuid() != 0:
         print("skipped: the stand-in GPU device nodes need root (mknod)")
         return {}
+    from django.conf import settings
     from django.db import connection
     from django.test import override_settings
 
@@ -451,36 +570,37 @@ def main() -> dict:
     from provisioning.models import GpuHost
     from tests.e2e.helpers import register_host, stand_in_dev_root
     from tests.support.docker_instances import docker_client, remove_portal_objects
-    from tests.support.worker import celery_publishing_to, celery_worker, redis_url, unique_queue
+    from tests.support.worker import celery_publishing_to, redis_url, unique_queue
 
     reference = _ensure_image()
     portal_id = f"bench-launch-{uuid.uuid4().hex[:8]}"
     plain = Plain(reference, f"devcloud.bench={portal_id}")
-    queue, broker = unique_queue("bench-launch"), redis_url(REDIS_DB)
-    worker_env = {
-        "DEVCLOUD_PORTAL_ID": portal_id,
-        "DEVCLOUD_DRIVER": "docker",
-        "READY_TIMEOUT_SECONDS": "170",
-    }
+    default_queue, launch_queue = unique_queue("bench-default"), unique_queue("bench-launch")
+    broker = redis_url(REDIS_DB)
+    largest = max(BURSTS, default=1)
 
     with (
         scratch_database(DATABASE),
         tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch,
         override_settings(
-            DEVCLOUD_PORTAL_ID=portal_id, DEVCLOUD_DRIVER="docker", CELERY_TASK_ALWAYS_EAGER=False
+            DEVCLOUD_PORTAL_ID=portal_id,
+            DEVCLOUD_DRIVER="docker",
+            CELERY_TASK_ALWAYS_EAGER=False,
+            CELERY_TASK_DEFAULT_QUEUE=default_queue,
+            CELERY_PROVISIONING_QUEUE=launch_queue,
         ),
     ):
         scratch = Path(scratch)
         dev_root = stand_in_dev_root(scratch / "host-dev")
         engine_cpus = docker_client().info()["NCPU"]
-        for name in ("gpu-bench-01", "gpu-bench-02"):
-            host = register_host(name, dev_root.path)
+        for number in range(-(-largest // GPUS_PER_HOST)):
+            host = register_host(f"gpu-bench-{number + 1:02d}", dev_root.path)
             # Every CPU of the engine, as plain `docker run` gets: the comparison is of the launch path,
             # not of the CPU share an operator gives each GPU (one CPU each by default).
             GpuHost.objects.filter(pk=host.pk).update(cpus_per_gpu=engine_cpus)
         catalog_sync()
         users = [
-            User.objects.create_user(f"bench{n}@example.com", email_verified_at=_now()) for n in range(BURST)
+            User.objects.create_user(f"bench{n}@example.com", email_verified_at=_now()) for n in range(largest)
         ]
         for user in users:
             credits.credits_adjust(
@@ -491,29 +611,46 @@ def main() -> dict:
                 idempotency_key=str(uuid.uuid4()),
             )
         database_url = _database_url(connection.settings_dict)
+        # What the deploy kit's environment file gives the workers, pointed at this run's database, Redis
+        # and queues.
+        worker_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "portal.settings.production",
+            "SECRET_KEY": settings.SECRET_KEY,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": broker,
+            "CELERY_BROKER_URL": broker,
+            "CELERY_QUEUE": default_queue,
+            "CELERY_PROVISIONING_QUEUE": launch_queue,
+            "DEVCLOUD_PORTAL_ID": portal_id,
+            "DEVCLOUD_DRIVER": "docker",
+            "READY_TIMEOUT_SECONDS": "170",
+            "PYTHONUNBUFFERED": "1",
+        }
+        singles, single_plains = [], []
+        bursts: dict[int, tuple[list, list]] = {size: ([], []) for size in BURSTS}
         try:
             with (
                 _portal_server(database_url, scratch / "portal.log") as portal_url,
-                celery_worker(
-                    queues=[queue],
-                    broker_url=broker,
-                    database_url=database_url,
-                    extra_env=worker_env,
-                    extra_args=["--pool", "threads", "--concurrency", str(BURST)],
-                ),
-                celery_publishing_to(broker_url=broker, queue=queue),
+                _layout_workers(worker_env, scratch),
+                celery_publishing_to(broker_url=broker, queue=default_queue),
                 StateWatcher() as watcher,
             ):
                 portal = Portal(portal_url, watcher)
                 sessions = [portal.session_for(user) for user in users]
 
-                # Warm-up (image layers in the page cache, the workspace volume made, connections open).
+                # Warm-up (image layers in the page cache, the workspace volume made, connections open);
+                # the plain side copies the warm-up container's hardening.
                 _, warm = portal.launch_and_time(users[0], sessions[0])
+                from portal.instances.models import Instance
+
+                warm_container = Instance.objects.get(pk=warm).driver_state["container_name"]
+                plain.copy_hardening(docker_client().containers.get(warm_container))
                 portal.stop(users[0], warm)
                 plain.run_and_time()
                 plain.remove_all()
+                print(f"plain docker run options (from the portal's container): {' '.join(plain.hardening)}")
 
-                singles, single_plains = [], []
                 for _ in range(REPEAT):
                     sample, instance_id = portal.launch_and_time(users[0], sessions[0])
                     singles.append(sample)
@@ -522,34 +659,36 @@ def main() -> dict:
                     plain.remove_all()
 
                 watcher.interval = BURST_POLL
-                bursts, burst_plains = [], []
+                for size in BURSTS:
+                    portal_samples, plain_samples = bursts[size]
 
-                def portal_burst():
-                    launched = _burst(BURST, lambda i: portal.launch_and_time(users[i], sessions[i]))
-                    bursts.extend(sample for sample, _ in launched)
-                    for user, (_, instance_id) in zip(users, launched):
-                        portal.stop(user, instance_id)
+                    def portal_burst(size=size, portal_samples=portal_samples):
+                        launched = _burst(size, lambda i: portal.launch_and_time(users[i], sessions[i]))
+                        portal_samples.extend(sample for sample, _ in launched)
+                        for user, (_, instance_id) in zip(users, launched):
+                            portal.stop(user, instance_id)
 
-                def plain_burst():
-                    burst_plains.extend(_burst(BURST, lambda i: plain.run_and_time()))
-                    plain.remove_all()
+                    def plain_burst(size=size, plain_samples=plain_samples):
+                        plain_samples.extend(_burst(size, lambda i: plain.run_and_time()))
+                        plain.remove_all()
 
-                # Alternating which side goes first, so a machine that gets busier or quieter during the
-                # run favours neither.
-                for number in range(BURST_ROUNDS):
-                    for run in (portal_burst, plain_burst)[:: 1 if number % 2 == 0 else -1]:
-                        run()
+                    # Alternating which side goes first, so a machine that gets busier or quieter during
+                    # the run favours neither.
+                    for number in range(BURST_ROUNDS):
+                        for run in (portal_burst, plain_burst)[:: 1 if number % 2 == 0 else -1]:
+                            run()
         finally:
             plain.remove_all()
             remove_portal_objects(portal_id)
 
     print(f"Launch to JupyterLab /api/status, CPU image {reference}")
-    single = _report("1 launch", singles, single_plains)
-    burst = _report(f"burst of {BURST}, per instance", bursts, burst_plains) if bursts else {}
-    return {
-        **{f"single_{key}": value for key, value in single.items()},
-        **{f"burst_{key}": value for key, value in burst.items()},
-    }
+    figures = {f"single_{key}": value for key, value in _report("1 launch", singles, single_plains).items()}
+    for size, (portal_samples, plain_samples) in bursts.items():
+        if portal_samples:
+            burst = _report(f"burst of {size}, per instance", portal_samples, plain_samples, TARGET_RATIO)
+            figures.update({f"burst{size}_{key}": value for key, value in burst.items()})
+    figures["target_ratio"] = TARGET_RATIO
+    return figures
 
 
 if __name__ == "__main__":
