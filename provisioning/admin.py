@@ -118,7 +118,7 @@ class GpuInline(admin.TabularInline):
     """The host's GPUs as discovery last saw them. Read-only: only discovery writes them."""
 
     model = Gpu
-    fields = ["node_id", "gpu_id", "render_minor", "pci_address", "unique_id", "vram_gb", "is_present"]
+    fields = ["node_id", "gpu_id", "render_minor", "render_gid", "pci_address", "unique_id", "vram_gb", "is_present"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -242,10 +242,10 @@ def _live_on(host):
 @admin.register(GpuHost)
 class GpuHostAdmin(admin.ModelAdmin):
     form = GpuHostForm
-    list_display = ["name", "state", "docker_url", "gpus_used", "last_seen_at", "short_error"]
+    list_display = ["name", "state", "docker_url", "private_address", "gpus_used", "last_seen_at", "short_error"]
     list_filter = ["state"]
     search_fields = ["name", "docker_url"]
-    readonly_fields = ["gpu_map", "last_seen_at", "last_error", "created_at"]
+    readonly_fields = ["gpu_map", "kfd_gid", "last_seen_at", "last_error", "created_at"]
     inlines = [GpuInline]
     actions = [
         "discover_gpus",
@@ -283,7 +283,7 @@ class GpuHostAdmin(admin.ModelAdmin):
         placement = ("Placement", {"fields": placement_fields})
         if obj is None:
             return [engine, placement]
-        health = ("Health", {"fields": ["last_seen_at", "last_error", "created_at"]})
+        health = ("Health", {"fields": ["kfd_gid", "last_seen_at", "last_error", "created_at"]})
         return [("GPU map", {"fields": ["gpu_map"]}), engine, placement, health]
 
     @admin.display(description="GPUs in use")
