@@ -1,6 +1,6 @@
 """GPU placement: which host's GPUs an instance gets, decided by the database.
 
-Rules (design.md, "Instances"):
+Rules (docs/architecture.md, "Instances"):
 - An 8x instance takes all 8 GPUs of an ACTIVE host whose present GPUs are all free, and that has
   exactly 8 of them.
 - A 1x instance packs onto the fullest ACTIVE host that still has a free GPU, so whole hosts stay free

@@ -50,7 +50,7 @@ def gpu_hours(gpu_seconds: float) -> float:
 
 
 def two_decimals(value: float) -> str:
-    """GPU-hours are always shown with two decimals (design.md, "Credits")."""
+    """GPU-hours are always shown with two decimals (docs/architecture.md, "Credits")."""
     return f"{value:,.2f}"
 
 

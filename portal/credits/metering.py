@@ -1,6 +1,6 @@
 """Metering: running instances are charged GPUs × seconds, from the moment they turn ready until they stop.
 
-How the money moves (design.md, "Credits: Metering"):
+How the money moves (docs/architecture.md, "Credits", Metering):
 - `Instance.metered_until` is where charging got to. It starts at ready_at; nothing before ready is
   ever charged, so failed and never-ready instances cost nothing.
 - The beat tick (`meter_tick`) charges every running instance from metered_until to now, in whole

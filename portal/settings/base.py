@@ -222,7 +222,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A publish while Redis is down fails fast instead of hanging a web request.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_retries": 1, "socket_connect_timeout": 2}
 
-# --- Credits (see design.md, "Credits") -------------------------------------------------------
+# --- Credits (see docs/architecture.md, "Credits") -------------------------------------------
 # Cap on bonus GPU-hours one person can collect across every bonus program.
 BONUS_CAP_GPU_HOURS = env.int("BONUS_CAP_GPU_HOURS", default=50)
 # Bonus applications one person may file in 24 hours (all programs), and one program takes per hour
@@ -235,7 +235,7 @@ SIGNUP_GRANT_GPU_HOURS = env.int("SIGNUP_GRANT_GPU_HOURS", default=25)
 SIGNUP_GRANT_MAX_ACCOUNTS = env.int("SIGNUP_GRANT_MAX_ACCOUNTS", default=10000)
 SIGNUP_GRANT_OPEN_UNTIL = env("SIGNUP_GRANT_OPEN_UNTIL", default="")
 
-# --- Instances (see design.md, "Instances") --------------------------------------------------
+# --- Instances (see docs/architecture.md, "Instances") ----------------------------------------
 # "docker" runs instances as containers on each host's Docker engine; "local" runs JupyterLab as a
 # subprocess with no GPU isolation (for `make run` on a machine without Docker).
 DEVCLOUD_DRIVER = env("DEVCLOUD_DRIVER", default="docker")
