@@ -19,7 +19,8 @@ class ApiTokenForm(forms.Form):
         choices=ApiToken.Scope.choices,
         initial=ApiToken.Scope.READ,
         widget=forms.RadioSelect,
-        help_text="“Read and launch” may also launch and stop instances and change SSH keys and applications.",
+        help_text="“Read and launch” may also launch and stop instances, and change SSH keys and "
+        "applications.",
     )
     days = forms.TypedChoiceField(label="Expires after", coerce=int, initial=30)
 

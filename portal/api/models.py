@@ -51,9 +51,7 @@ class IdempotentLaunch(models.Model):
     key = models.CharField(max_length=200)
     request_sha256 = models.CharField(max_length=64)
     # Set in the transaction that inserts the row, so a committed row always has it.
-    instance = models.ForeignKey(
-        "instances.Instance", null=True, on_delete=models.CASCADE, related_name="+"
-    )
+    instance = models.ForeignKey("instances.Instance", null=True, on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

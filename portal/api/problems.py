@@ -83,7 +83,8 @@ def from_validation_error(error: DjangoValidationError) -> Response:
     status its code picks (SERVICE_CODES; 400 otherwise, with the messages per field)."""
     if hasattr(error, "error_dict"):
         errors = {
-            NON_FIELD if field == "__all__" else field: messages for field, messages in error.message_dict.items()
+            NON_FIELD if field == "__all__" else field: messages
+            for field, messages in error.message_dict.items()
         }
         codes = {e.code for errors_of in error.error_dict.values() for e in errors_of}
     else:
@@ -122,7 +123,9 @@ def exception_handler(exc, context):
     codes = exc.get_codes()
     if isinstance(exc, exceptions.ValidationError) or exc.status_code == status.HTTP_400_BAD_REQUEST:
         errors = _messages(exc.detail)
-        return problem(400, "validation", "Your request has errors", _detail_of(errors), errors=errors, headers=headers)
+        return problem(
+            400, "validation", "Your request has errors", _detail_of(errors), errors=errors, headers=headers
+        )
     code = codes if isinstance(codes, str) else ""
     kind, title = DRF_CODES.get(code, ("error", "Error"))
     detail = str(exc.detail)

@@ -56,7 +56,9 @@ def account_summary(user, *, token: ApiToken | None) -> dict:
             "bonus_cap_gpu_hours": settings.BONUS_CAP_GPU_HOURS,
         },
         "token": (
-            {"name": token.name, "scope": token.scope, "expires_at": token.expires_at} if token is not None else None
+            {"name": token.name, "scope": token.scope, "expires_at": token.expires_at}
+            if token is not None
+            else None
         ),
         "ssh": ssh_access(),
     }

@@ -19,7 +19,12 @@ def _valid_unicode(value: str) -> None:
 def text_input(**kwargs) -> serializers.CharField:
     """A string field of a request body. Lengths and meaning are the pages' forms' to judge."""
     return serializers.CharField(
-        required=False, allow_blank=True, default="", trim_whitespace=False, validators=[_valid_unicode], **kwargs
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        validators=[_valid_unicode],
+        **kwargs,
     )
 
 
@@ -28,7 +33,9 @@ def gpu_hours(gpu_seconds: int) -> str:
 
 
 class ProblemSerializer(serializers.Serializer):
-    type = serializers.CharField(help_text="A URN naming the kind of problem, e.g. urn:devcloud:problem:validation.")
+    type = serializers.CharField(
+        help_text="A URN naming the kind of problem, e.g. urn:devcloud:problem:validation."
+    )
     title = serializers.CharField()
     status = serializers.IntegerField()
     detail = serializers.CharField(help_text="What went wrong and what to do, in the pages' words.")
@@ -44,7 +51,9 @@ class ProblemSerializer(serializers.Serializer):
 
 class EntitlementsSerializer(serializers.Serializer):
     tier = serializers.CharField(help_text="free, or bonus after an approved bonus application.")
-    sizes = serializers.ListField(child=serializers.CharField(), help_text="Size keys this account may launch.")
+    sizes = serializers.ListField(
+        child=serializers.CharField(), help_text="Size keys this account may launch."
+    )
 
 
 class LimitsSerializer(serializers.Serializer):
@@ -105,7 +114,9 @@ class SizeSerializer(serializers.Serializer):
     description = serializers.CharField()
     gpu_hours_per_hour = serializers.IntegerField()
     can_launch = serializers.BooleanField()
-    refusal = serializers.CharField(help_text="Why this account cannot launch this size now; empty when it can.")
+    refusal = serializers.CharField(
+        help_text="Why this account cannot launch this size now; empty when it can."
+    )
     session_limit = serializers.CharField()
 
 
@@ -146,7 +157,9 @@ class InstanceSerializer(serializers.Serializer):
     steps = serializers.SerializerMethodField()
     failure_reason = serializers.CharField()
     stop_reason = serializers.SerializerMethodField()
-    lab_url = serializers.SerializerMethodField(help_text="Where a browser opens JupyterLab; empty unless running.")
+    lab_url = serializers.SerializerMethodField(
+        help_text="Where a browser opens JupyterLab; empty unless running."
+    )
     charged_gpu_seconds = serializers.IntegerField()
     created_at = serializers.DateTimeField()
     ready_at = serializers.DateTimeField(allow_null=True)
@@ -195,7 +208,9 @@ class SshKeySerializer(serializers.Serializer):
 
 class SshKeyCreateSerializer(serializers.Serializer):
     name = text_input(help_text="e.g. laptop")
-    public_key = text_input(help_text="One OpenSSH public key line, e.g. the contents of ~/.ssh/id_ed25519.pub")
+    public_key = text_input(
+        help_text="One OpenSSH public key line, e.g. the contents of ~/.ssh/id_ed25519.pub"
+    )
 
 
 class BonusProgramSerializer(serializers.Serializer):

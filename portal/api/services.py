@@ -115,7 +115,9 @@ def _request_digest(size: str, image_key: str) -> str:
     return _digest(json.dumps({"size": size, "image": image_key}, sort_keys=True))
 
 
-def instance_launch_once(*, user, size: str, image_key: str, idempotency_key: str = "") -> tuple[Instance, bool]:
+def instance_launch_once(
+    *, user, size: str, image_key: str, idempotency_key: str = ""
+) -> tuple[Instance, bool]:
     """Launch through portal.instances.services.instance_launch, at most once per Idempotency-Key.
 
     Returns (instance, replayed): replayed is True when `idempotency_key` was used before with the same

@@ -11,8 +11,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view, permission_classes
-from rest_framework.permissions import AllowAny
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
 from portal.accounts import selectors as account_selectors
@@ -52,7 +52,9 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 def _problems(*statuses: int) -> dict:
     """Schema responses for the problem statuses an endpoint can answer (401 and 429 always)."""
     return {
-        (status, problems.CONTENT_TYPE): OpenApiResponse(ProblemSerializer, description="A problem (RFC 9457).")
+        (status, problems.CONTENT_TYPE): OpenApiResponse(
+            ProblemSerializer, description="A problem (RFC 9457)."
+        )
         for status in sorted({401, 429, *statuses})
     }
 
@@ -116,7 +118,9 @@ class LedgerView(generics.ListAPIView):
 # --- Catalogue -------------------------------------------------------------------------------------
 
 
-@extend_schema(operation_id="sizes", responses=_responses({200: SizeSerializer(many=True)}), tags=["catalogue"])
+@extend_schema(
+    operation_id="sizes", responses=_responses({200: SizeSerializer(many=True)}), tags=["catalogue"]
+)
 @api_view(["GET"])
 def sizes(request):
     """The sizes, with whether you can launch each now and, if not, why."""
@@ -141,7 +145,9 @@ def sizes(request):
     return Response(SizeSerializer(rows, many=True).data)
 
 
-@extend_schema(operation_id="images", responses=_responses({200: ImageSerializer(many=True)}), tags=["catalogue"])
+@extend_schema(
+    operation_id="images", responses=_responses({200: ImageSerializer(many=True)}), tags=["catalogue"]
+)
 @api_view(["GET"])
 def images(request):
     """The images you can launch, with whether a GPU host has each one ready."""
@@ -155,8 +161,8 @@ _IDEMPOTENCY_PARAMETER = OpenApiParameter(
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
     required=False,
-    description="Any unique string (a UUID) of at most 200 characters. A retried request with the same key and "
-    "body launches once and returns the first launch's instance (200, Idempotent-Replayed: true).",
+    description="Any unique string (a UUID) of at most 200 characters. A retried request with the same key "
+    "and body launches once and returns the first launch's instance (200, Idempotent-Replayed: true).",
 )
 
 
@@ -171,7 +177,9 @@ _IDEMPOTENCY_PARAMETER = OpenApiParameter(
     operation_id="instances_launch",
     request=LaunchSerializer,
     parameters=[_IDEMPOTENCY_PARAMETER],
-    responses=_responses({201: InstanceSerializer, 200: InstanceSerializer}, 400, 402, 403, 409, 415, 422, 503),
+    responses=_responses(
+        {201: InstanceSerializer, 200: InstanceSerializer}, 400, 402, 403, 409, 415, 422, 503
+    ),
     tags=["instances"],
 )
 @api_view(["GET", "POST"])
@@ -183,7 +191,11 @@ def instances(request):
     key = request.headers.get(IDEMPOTENCY_HEADER, "")
     if len(key) > services.IDEMPOTENCY_KEY_MAX_LENGTH or not key.isprintable():
         raise serializers.ValidationError(
-            {IDEMPOTENCY_HEADER: [f"Use a key of at most {services.IDEMPOTENCY_KEY_MAX_LENGTH} printable characters."]}
+            {
+                IDEMPOTENCY_HEADER: [
+                    f"Use a key of at most {services.IDEMPOTENCY_KEY_MAX_LENGTH} printable characters."
+                ]
+            }
         )
     body = _body(LaunchSerializer, request)
     launch = _valid(LaunchForm(body))
@@ -223,7 +235,9 @@ def instance_stop(request, instance_id):
 
 
 class _LogQuery(serializers.Serializer):
-    lines = serializers.IntegerField(required=False, default=100, min_value=1, max_value=selectors.MAX_LOG_LINES)
+    lines = serializers.IntegerField(
+        required=False, default=100, min_value=1, max_value=selectors.MAX_LOG_LINES
+    )
 
 
 @extend_schema(
@@ -246,7 +260,10 @@ def instance_logs(request, instance_id):
 
 
 @extend_schema(
-    methods=["GET"], operation_id="ssh_keys_list", responses=_responses({200: SshKeySerializer(many=True)}), tags=["ssh keys"]
+    methods=["GET"],
+    operation_id="ssh_keys_list",
+    responses=_responses({200: SshKeySerializer(many=True)}),
+    tags=["ssh keys"],
 )
 @extend_schema(
     methods=["POST"],
@@ -261,7 +278,9 @@ def ssh_keys(request):
     if request.method == "GET":
         return Response(SshKeySerializer(account_selectors.ssh_keys_for(request.user), many=True).data)
     cleaned = _valid(SshKeyForm(_body(SshKeyCreateSerializer, request)))
-    key = account_services.sshkey_add(user=request.user, name=cleaned["name"], public_key=cleaned["public_key"])
+    key = account_services.sshkey_add(
+        user=request.user, name=cleaned["name"], public_key=cleaned["public_key"]
+    )
     return Response(SshKeySerializer(key).data, status=201)
 
 
@@ -278,7 +297,9 @@ def ssh_key_delete(request, key_id):
 
 
 @extend_schema(
-    operation_id="bonus_programs", responses=_responses({200: BonusProgramSerializer(many=True)}), tags=["credits"]
+    operation_id="bonus_programs",
+    responses=_responses({200: BonusProgramSerializer(many=True)}),
+    tags=["credits"],
 )
 @api_view(["GET"])
 def bonus_programs(request):
@@ -324,4 +345,3 @@ def bonus_applications(request):
 def not_found(request, *args, **kwargs):
     """Any other path under /api/: a problem, not the portal's HTML 404 page."""
     return problems.problem(404, "not-found", "Not found", "There is no such API endpoint. See /api/docs/.")
-

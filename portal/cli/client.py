@@ -6,7 +6,6 @@ import uuid
 import click
 import httpx
 
-
 OK = 0
 REFUSED = 1
 USAGE = 2
@@ -58,7 +57,11 @@ class Api:
         self.as_json = as_json
         self.http = httpx.Client(
             base_url=f"{self.url}/api/v1",
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "devcloud-cli", "Accept": "application/json"},
+            headers={
+                "Authorization": f"Bearer {token}",
+                "User-Agent": "devcloud-cli",
+                "Accept": "application/json",
+            },
             timeout=httpx.Timeout(60.0, connect=10.0),
             transport=transport,
         )
@@ -87,9 +90,16 @@ class Api:
             body = None
         if response.is_success:
             if body is None:
-                self.fail(f"{self.url} answered {response.status_code} without JSON; is this a DevCloud portal?", SERVER)
+                self.fail(
+                    f"{self.url} answered {response.status_code} without JSON; is this a DevCloud portal?",
+                    SERVER,
+                )
             return body
-        problem = body if isinstance(body, dict) else {"status": response.status_code, "detail": response.text[:200]}
+        problem = (
+            body
+            if isinstance(body, dict)
+            else {"status": response.status_code, "detail": response.text[:200]}
+        )
         detail = str(problem.get("detail") or problem.get("title") or f"HTTP {response.status_code}")
         errors = problem.get("errors") or {}
         if errors and len(errors) > 1:
@@ -104,7 +114,11 @@ class Api:
         # failed is answered with its instance instead of launching a second one.
         key = str(uuid.uuid4())
         return self.request(
-            "POST", "/instances", json={"size": size, "image": image}, headers={"Idempotency-Key": key}, retries=2
+            "POST",
+            "/instances",
+            json={"size": size, "image": image},
+            headers={"Idempotency-Key": key},
+            retries=2,
         )
 
     def resolve(self, name: str) -> dict:

@@ -31,7 +31,12 @@ def json_option(command):
         return value
 
     return click.option(
-        "--json", "as_json", is_flag=True, expose_value=False, callback=remember, help="Print JSON for scripts."
+        "--json",
+        "as_json",
+        is_flag=True,
+        expose_value=False,
+        callback=remember,
+        help="Print JSON for scripts.",
     )(command)
 
 
@@ -53,11 +58,15 @@ def emit(ctx, data, text: str) -> None:
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = [header, *rows]
-    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines
+    )
 
 
 @click.group(epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (also accepted after the command).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON for scripts (also accepted after the command)."
+)
 @click.pass_context
 def cli(ctx, as_json):
     """DevCloud from the command line: credits, instances, SSH and logs.
@@ -81,15 +90,22 @@ def cli(ctx, as_json):
 @click.pass_context
 def login(ctx, url, token):
     """Check a token against the portal and keep it in the config file (mode 0600)."""
-    url = (url or click.prompt("Portal URL", default=os.environ.get("DEVCLOUD_URL") or None)).strip().rstrip("/")
+    url = (
+        (url or click.prompt("Portal URL", default=os.environ.get("DEVCLOUD_URL") or None))
+        .strip()
+        .rstrip("/")
+    )
     token = (token or click.prompt("Token", hide_input=True)).strip()
     if not url.startswith(("http://", "https://")):
         raise click.UsageError(f"The URL must start with https:// or http://, not {url!r}.")
     me = Api(url, token, as_json=_wants_json(ctx)).get("/me")
     path = config.save(config.Credentials(url=url, token=token))
     scope = (me.get("token") or {}).get("scope", "")
-    emit(ctx, {"url": url, "email": me["email"], "scope": scope, "config": str(path)},
-         f"Logged in to {url} as {me['email']} ({scope} token). Saved in {path}.")
+    emit(
+        ctx,
+        {"url": url, "email": me["email"], "scope": scope, "config": str(path)},
+        f"Logged in to {url} as {me['email']} ({scope} token). Saved in {path}.",
+    )
 
 
 @cli.command()
@@ -113,14 +129,19 @@ def whoami(ctx):
 def balance(ctx):
     """Your credit in GPU-hours, the sizes you may launch, and your limits."""
     me = api(ctx).get("/me")
-    limits = me["limits"]
+    limits, entitlements = me["limits"], me["entitlements"]
     text = (
         f"{me['balance_gpu_hours']} GPU-hours\n"
-        f"sizes you may launch: {', '.join(me['entitlements']['sizes']) or 'none'} ({me['entitlements']['tier']} tier)\n"
-        f"live instances: {limits['live_instances']} of {limits['max_live_instances']}; a launch needs credit for "
+        f"sizes you may launch: {', '.join(entitlements['sizes']) or 'none'} ({entitlements['tier']} tier)\n"
+        f"live instances: {limits['live_instances']} of {limits['max_live_instances']}; "
+        "a launch needs credit for "
         f"{limits['launch_min_credit_minutes']} minutes"
     )
-    emit(ctx, {key: me[key] for key in ("balance_gpu_seconds", "balance_gpu_hours", "entitlements", "limits")}, text)
+    emit(
+        ctx,
+        {key: me[key] for key in ("balance_gpu_seconds", "balance_gpu_hours", "entitlements", "limits")},
+        text,
+    )
 
 
 @cli.command()
@@ -154,7 +175,10 @@ def _wait(ctx, client: Api, instance: dict, timeout: float) -> dict:
         if instance["state"] in FINAL_STATES:
             return instance
         if time.monotonic() > deadline:
-            client.fail(f"Instance {instance['short_id']} is still {instance['state']} after {timeout:.0f} s.", REFUSED)
+            client.fail(
+                f"Instance {instance['short_id']} is still {instance['state']} after {timeout:.0f} s.",
+                REFUSED,
+            )
         time.sleep(POLL_SECONDS)
         instance = client.get(f"/instances/{instance['id']}")
 
@@ -171,7 +195,11 @@ def launch(ctx, size, image, wait, timeout):
     client = api(ctx)
     instance = client.launch(size=size, image=image)
     if not wait:
-        emit(ctx, instance, f"Launched {instance['short_id']} ({instance['size']} {instance['image']}): {instance['state']}.")
+        emit(
+            ctx,
+            instance,
+            f"Launched {instance['short_id']} ({instance['size']} {instance['image']}): {instance['state']}.",
+        )
         return
     click.echo(f"Launching {instance['short_id']} ({instance['size']} {instance['image']})…", err=True)
     instance = _wait(ctx, client, instance, timeout)
@@ -193,7 +221,16 @@ def list_instances(ctx):
     """Your live instances, then the latest ended ones."""
     rows = api(ctx).get("/instances")
     table = _table(
-        [[row["short_id"], row["state"], row["size"], row["image"], row["created_at"][:16].replace("T", " ")] for row in rows],
+        [
+            [
+                row["short_id"],
+                row["state"],
+                row["size"],
+                row["image"],
+                row["created_at"][:16].replace("T", " "),
+            ]
+            for row in rows
+        ],
         ["ID", "STATE", "SIZE", "IMAGE", "CREATED (UTC)"],
     )
     emit(ctx, rows, table if rows else "No instances. Launch one: devcloud launch --size 1x --image <image>")
@@ -230,11 +267,14 @@ def logs(ctx, instance, lines):
 @json_option
 @click.pass_context
 def open_lab(ctx, instance, browser):
-    """Print (or open) the JupyterLab link of a running instance. The browser must be logged in to the portal."""
+    """Print (or open) the JupyterLab link of a running instance; the browser must be logged in to the
+    portal."""
     client = api(ctx)
     target = client.resolve(instance)
     if not target["lab_url"]:
-        client.fail(f"Instance {target['short_id']} is {target['state']}, not running: it has no JupyterLab.", REFUSED)
+        client.fail(
+            f"Instance {target['short_id']} is {target['state']}, not running: it has no JupyterLab.", REFUSED
+        )
     if browser:
         webbrowser.open(target["lab_url"])
     emit(ctx, {"id": target["id"], "lab_url": target["lab_url"]}, target["lab_url"])
@@ -286,7 +326,8 @@ def ssh(ctx, instance, ssh_args):
 @json_option
 @click.pass_context
 def ssh_config(ctx):
-    """Print an ~/.ssh/config block, so that plain `ssh devcloud-<short id>` (and scp, rsync, VS Code) work."""
+    """Print an ~/.ssh/config block, so that plain `ssh devcloud-<short id>` (and scp, rsync, VS Code)
+    work."""
     access = _ssh_access(api(ctx))
     block = (
         "Host devcloud-gateway\n"
@@ -317,7 +358,9 @@ def keys():
 def keys_add(ctx, file, name):
     """Add the public key in FILE, e.g. ~/.ssh/id_ed25519.pub."""
     key = api(ctx).request(
-        "POST", "/ssh-keys", json={"name": name or file.name.removesuffix(".pub"), "public_key": file.read_text()}
+        "POST",
+        "/ssh-keys",
+        json={"name": name or file.name.removesuffix(".pub"), "public_key": file.read_text()},
     )
     emit(ctx, key, f"Added {key['name']!r}: {key['fingerprint']}")
 
@@ -328,8 +371,10 @@ def keys_add(ctx, file, name):
 def keys_ls(ctx):
     """List your SSH keys."""
     rows = api(ctx).get("/ssh-keys")
-    table = _table([[str(row["id"]), row["name"], row["key_type"], row["fingerprint"]] for row in rows],
-                   ["ID", "NAME", "TYPE", "FINGERPRINT"])
+    table = _table(
+        [[str(row["id"]), row["name"], row["key_type"], row["fingerprint"]] for row in rows],
+        ["ID", "NAME", "TYPE", "FINGERPRINT"],
+    )
     emit(ctx, rows, table if rows else "No SSH keys. Add one: devcloud keys add ~/.ssh/id_ed25519.pub")
 
 

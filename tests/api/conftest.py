@@ -48,7 +48,9 @@ class TokenClient:
         return self.http.get(path, data, headers=self._headers(headers))
 
     def post(self, path, data=None, headers=None):
-        return self.http.post(path, data or {}, content_type="application/json", headers=self._headers(headers))
+        return self.http.post(
+            path, data or {}, content_type="application/json", headers=self._headers(headers)
+        )
 
     def delete(self, path, headers=None):
         return self.http.delete(path, headers=self._headers(headers))
@@ -62,7 +64,11 @@ def token_for(user, *, scope="launch", days=30, name="script") -> tuple:
 
 def give(user, gpu_hours):
     credits.credits_adjust(
-        user=user, gpu_seconds=int(gpu_hours * HOUR), reason="Test credit", actor=None, idempotency_key=str(uuid.uuid4())
+        user=user,
+        gpu_seconds=int(gpu_hours * HOUR),
+        reason="Test credit",
+        actor=None,
+        idempotency_key=str(uuid.uuid4()),
     )
 
 
@@ -82,7 +88,8 @@ def cpu(db):
 
 
 def assert_problem(response, status, *, kind=None):
-    """The response is an RFC 9457 problem with `status` (and type urn:devcloud:problem:`kind`). Returns its body."""
+    """The response is an RFC 9457 problem with `status` (and the type urn:devcloud:problem:`kind`).
+    Returns its body."""
     assert response.status_code == status, response.content
     assert response["Content-Type"] == "application/problem+json"
     body = response.json()

@@ -35,14 +35,19 @@ def test_sizes_say_which_the_account_may_launch_and_why_not(alice, cpu):
     give(alice, 25)
     sizes = {row["key"]: row for row in token_for(alice, scope="read")[1].get("/api/v1/sizes").json()}
     assert sizes["1x"]["can_launch"] is True and sizes["1x"]["refusal"] == ""
-    assert sizes["8x"]["can_launch"] is False and "8x MI300X opens once an operator approves" in sizes["8x"]["refusal"]
+    assert (
+        sizes["8x"]["can_launch"] is False
+        and "8x MI300X opens once an operator approves" in sizes["8x"]["refusal"]
+    )
 
 
 def test_sizes_of_a_suspended_account_carry_the_suspension(alice, cpu):
     give(alice, 25)
     type(alice).objects.filter(pk=alice.pk).update(suspended_at=timezone.now(), suspended_reason="abuse")
     sizes = token_for(alice, scope="read")[1].get("/api/v1/sizes").json()
-    assert {row["refusal"] for row in sizes} == {"Your account is suspended: abuse. Contact support to lift it."}
+    assert {row["refusal"] for row in sizes} == {
+        "Your account is suspended: abuse. Contact support to lift it."
+    }
 
 
 def test_images_list_the_enabled_catalogue(alice, cpu):

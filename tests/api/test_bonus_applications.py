@@ -1,4 +1,5 @@
-"""/api/v1/bonus-applications: apply and list through credits' bonus_apply, its messages and its rate limits."""
+"""/api/v1/bonus-applications: apply and list through credits' bonus_apply, with its messages and its rate
+limits."""
 
 import pytest
 
@@ -29,9 +30,21 @@ def test_it_lists_programs_and_files_an_application(alice, program):
 @pytest.mark.parametrize(
     ("payload", "field", "message"),
     [
-        ({"program": "nope", "evidence": "ROCM-1"}, "program", "That program is not taking applications right now."),
-        ({"program": "rocm-star", "evidence": ""}, "evidence", "Enter your certificate ID or the link to your certificate."),
-        ({"program": "rocm-star", "evidence": "javascript:alert(1)"}, "evidence", "A link must start with https:// or http://."),
+        (
+            {"program": "nope", "evidence": "ROCM-1"},
+            "program",
+            "That program is not taking applications right now.",
+        ),
+        (
+            {"program": "rocm-star", "evidence": ""},
+            "evidence",
+            "Enter your certificate ID or the link to your certificate.",
+        ),
+        (
+            {"program": "rocm-star", "evidence": "javascript:alert(1)"},
+            "evidence",
+            "A link must start with https:// or http://.",
+        ),
     ],
 )
 def test_it_refuses_bad_input_with_the_pages_messages(alice, program, payload, field, message):
@@ -46,7 +59,9 @@ def test_it_applies_the_per_person_rate_limit(alice, program, settings):
     other = BonusProgram.objects.create(slug="other", name="Other", max_gpu_seconds=3600)
     _, api = token_for(alice)
     assert api.post(URL, {"program": program.slug, "evidence": "ROCM-1"}).status_code == 201
-    body = assert_problem(api.post(URL, {"program": other.slug, "evidence": "ROCM-2"}), 429, kind="rate-limited")
+    body = assert_problem(
+        api.post(URL, {"program": other.slug, "evidence": "ROCM-2"}), 429, kind="rate-limited"
+    )
     assert "the most we take from one person" in body["detail"]
     assert BonusApplication.objects.count() == 1
 
@@ -58,6 +73,7 @@ def test_an_unconfirmed_account_gets_the_pages_refusal(charlie, program):
     browser = Client(enforce_csrf_checks=False)
     browser.force_login(charlie)
     body = assert_problem(
-        browser.post(URL, {"program": program.slug, "evidence": "ROCM-1"}, content_type="application/json"), 400
+        browser.post(URL, {"program": program.slug, "evidence": "ROCM-1"}, content_type="application/json"),
+        400,
     )
     assert body["detail"] == "Confirm your email address before applying for bonus hours."

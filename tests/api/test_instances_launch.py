@@ -36,13 +36,19 @@ def test_it_launches_and_answers_the_instance(rich_alice, cpu):
     ("payload", "field", "message"),
     [
         ({"size": "2x", "image": "cpu"}, "size", "Unknown size '2x'. Choose one of: 1x MI300X, 8x MI300X."),
-        ({"size": "1x", "image": "tensorflow"}, "image", "Unknown image 'tensorflow'. Choose one of the images listed."),
+        (
+            {"size": "1x", "image": "tensorflow"},
+            "image",
+            "Unknown image 'tensorflow'. Choose one of the images listed.",
+        ),
         ({"image": "cpu"}, "size", "Choose a size."),
         ({"size": "1x"}, "image", "Choose an image."),
         ({"size": 1, "image": ["cpu"]}, "image", "Not a valid string."),
     ],
 )
-def test_it_refuses_bad_input_with_the_pages_message_and_queues_nothing(rich_alice, cpu, payload, field, message):
+def test_it_refuses_bad_input_with_the_pages_message_and_queues_nothing(
+    rich_alice, cpu, payload, field, message
+):
     _, api = token_for(rich_alice)
     entries = LedgerEntry.objects.count()
     body = assert_problem(api.post(URL, payload), 400, kind="validation")
@@ -69,7 +75,9 @@ def test_it_refuses_too_little_credit_with_402_and_the_shortfall(alice, cpu):
 
 def test_it_refuses_a_suspended_account_as_the_page_does(rich_alice, cpu):
     _, api = token_for(rich_alice)
-    type(rich_alice).objects.filter(pk=rich_alice.pk).update(suspended_at=timezone.now(), suspended_reason="abuse")
+    type(rich_alice).objects.filter(pk=rich_alice.pk).update(
+        suspended_at=timezone.now(), suspended_reason="abuse"
+    )
     body = assert_problem(api.post(URL, {"size": "1x", "image": "cpu"}), 403, kind="account-suspended")
     assert body["detail"] == "Your account is suspended: abuse. Contact support to lift it."
     assert not Instance.objects.exists()
@@ -101,7 +109,9 @@ def test_it_refuses_an_idempotency_key_reused_with_another_body(rich_alice, cpu)
     key = str(uuid.uuid4())
     api.post(URL, {"size": "1x", "image": "cpu"}, headers={"Idempotency-Key": key})
     body = assert_problem(
-        api.post(URL, {"size": "8x", "image": "cpu"}, headers={"Idempotency-Key": key}), 422, kind="idempotency-key-reused"
+        api.post(URL, {"size": "8x", "image": "cpu"}, headers={"Idempotency-Key": key}),
+        422,
+        kind="idempotency-key-reused",
     )
     assert "different size or image" in body["detail"]
     assert Instance.objects.filter(user=rich_alice).count() == 1
@@ -135,7 +145,9 @@ def test_without_a_key_each_request_launches(rich_alice, cpu):
 
 def test_it_refuses_an_overlong_idempotency_key(rich_alice, cpu):
     _, api = token_for(rich_alice)
-    body = assert_problem(api.post(URL, {"size": "1x", "image": "cpu"}, headers={"Idempotency-Key": "k" * 201}), 400)
+    body = assert_problem(
+        api.post(URL, {"size": "1x", "image": "cpu"}, headers={"Idempotency-Key": "k" * 201}), 400
+    )
     assert "Idempotency-Key" in body["errors"]
     assert not Instance.objects.exists()
 
@@ -162,7 +174,9 @@ def test_a_queue_outage_answers_503_charges_nothing_and_frees_the_key(alice, cpu
     monkeypatch.setattr(instance_services, "enqueue", lambda *args, **kwargs: False)
     _, api = token_for(alice)
     headers = {"Idempotency-Key": "retry-me"} if with_key else {}
-    body = assert_problem(api.post(URL, {"size": "1x", "image": "cpu"}, headers=headers), 503, kind="unavailable")
+    body = assert_problem(
+        api.post(URL, {"size": "1x", "image": "cpu"}, headers=headers), 503, kind="unavailable"
+    )
     assert "nothing was charged" in body["detail"].lower() or "Nothing was charged" in body["detail"]
     assert LedgerEntry.objects.count() == entries
     assert Instance.objects.get(user=alice).state == Instance.State.FAILED

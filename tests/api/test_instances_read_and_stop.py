@@ -1,4 +1,5 @@
-"""GET /api/v1/instances[/<id>], POST .../stop and GET .../logs: the owner's instances, through the pages' services."""
+"""GET /api/v1/instances[/<id>], POST .../stop and GET .../logs: the owner's instances, through the pages'
+services."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""A token of A sees nothing of B's: B's instances, keys and applications are 404s, as if they did not exist."""
+"""A token of A sees nothing of B's: B's instances, keys and applications are 404s, as if they did not
+exist."""
 
 import uuid
 

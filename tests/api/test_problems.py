@@ -20,5 +20,10 @@ def test_a_wrong_method_is_a_problem(alice):
 
 def test_a_body_that_is_not_json_is_a_415_problem(alice):
     _, api = token_for(alice)
-    answer = api.http.post("/api/v1/ssh-keys", "name=x", content_type="application/x-www-form-urlencoded", headers=api._headers(None))
+    answer = api.http.post(
+        "/api/v1/ssh-keys",
+        "name=x",
+        content_type="application/x-www-form-urlencoded",
+        headers=api._headers(None),
+    )
     assert_problem(answer, 415, kind="unsupported-media-type")

@@ -8,7 +8,8 @@ from django.core import signals
 from django.core.cache import caches
 from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
-from hypothesis import HealthCheck, settings as hypothesis_settings
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -27,7 +28,12 @@ def test_it_serves_the_schema(client, db):
     answer = client.get("/api/schema/", {"format": "json"})
     assert answer.status_code == 200
     paths = answer.json()["paths"]
-    assert {"/api/v1/me", "/api/v1/instances", "/api/v1/instances/{instance_id}/logs", "/api/v1/ssh-keys"} <= set(paths)
+    assert {
+        "/api/v1/me",
+        "/api/v1/instances",
+        "/api/v1/instances/{instance_id}/logs",
+        "/api/v1/ssh-keys",
+    } <= set(paths)
 
 
 def test_the_docs_page_loads_its_script_from_the_portal(client, db):
@@ -72,5 +78,10 @@ def test_every_operation_conforms_to_the_schema(case, script, wsgi_in_test_trans
     case.call_and_validate(
         app=application,
         headers={"Authorization": f"Bearer {script}"},
-        checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance],
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+        ],
     )

@@ -36,6 +36,9 @@ def test_a_launch_with_the_csrf_token_works(browser, cpu):
     browser.get("/accounts/settings/")
     token = browser.cookies["csrftoken"].value
     answer = browser.post(
-        "/api/v1/instances", {"size": "1x", "image": "cpu"}, content_type="application/json", headers={"X-CSRFToken": token}
+        "/api/v1/instances",
+        {"size": "1x", "image": "cpu"},
+        content_type="application/json",
+        headers={"X-CSRFToken": token},
     )
     assert answer.status_code == 201, answer.content

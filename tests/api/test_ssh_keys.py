@@ -16,7 +16,11 @@ def test_it_adds_lists_and_deletes_a_key(alice):
     added = api.post(URL, {"name": "laptop", "public_key": ED25519})
     assert added.status_code == 201, added.content
     key = added.json()
-    assert key["name"] == "laptop" and key["key_type"] == "ssh-ed25519" and key["fingerprint"].startswith("SHA256:")
+    assert (
+        key["name"] == "laptop"
+        and key["key_type"] == "ssh-ed25519"
+        and key["fingerprint"].startswith("SHA256:")
+    )
     assert [row["id"] for row in api.get(URL).json()] == [key["id"]]
     assert api.delete(f"{URL}/{key['id']}").status_code == 204
     assert not SshKey.objects.exists()
@@ -25,7 +29,11 @@ def test_it_adds_lists_and_deletes_a_key(alice):
 @pytest.mark.parametrize(
     ("payload", "field", "message"),
     [
-        ({"name": "x", "public_key": "-----BEGIN OPENSSH PRIVATE KEY-----"}, "public_key", "This is a private key."),
+        (
+            {"name": "x", "public_key": "-----BEGIN OPENSSH PRIVATE KEY-----"},
+            "public_key",
+            "This is a private key.",
+        ),
         ({"name": "x", "public_key": "hello"}, "public_key", "This is not a valid SSH public key."),
         ({"name": "", "public_key": ED25519}, "name", "Give the key a name"),
         ({"name": "n" * 101, "public_key": ED25519}, "name", "at most 100 characters"),

@@ -16,11 +16,15 @@ def run_on_commit(django_capture_on_commit_callbacks):
     return lambda: django_capture_on_commit_callbacks(execute=True)
 
 
-def test_it_revokes_the_intruders_token_when_the_owner_resets_the_password(client, alice, mailoutbox, run_on_commit):
+def test_it_revokes_the_intruders_token_when_the_owner_resets_the_password(
+    client, alice, mailoutbox, run_on_commit
+):
     # The intruder logged in with alice's password and made a token through the Settings page.
     intruder = client
     intruder.post("/accounts/login/", {"username": alice.email, "password": PASSWORD})
-    page = intruder.post("/accounts/settings/api-tokens/", {"name": "mine now", "scope": "launch", "days": "365"})
+    page = intruder.post(
+        "/accounts/settings/api-tokens/", {"name": "mine now", "scope": "launch", "days": "365"}
+    )
     token_text = page.context["new_token"]
     assert intruder.get("/api/v1/me", headers={"Authorization": f"Bearer {token_text}"}).status_code == 200
 
@@ -32,7 +36,9 @@ def test_it_revokes_the_intruders_token_when_the_owner_resets_the_password(clien
         owner.post("/accounts/password/reset/", {"email": alice.email})
     form_url = owner.get(link_path(mailoutbox[-1]))["Location"]
     with run_on_commit():
-        done = owner.post(form_url, {"new_password1": "a brand new passphrase", "new_password2": "a brand new passphrase"})
+        done = owner.post(
+            form_url, {"new_password1": "a brand new passphrase", "new_password2": "a brand new passphrase"}
+        )
     assert done.status_code == 302
 
     answer = Client().get("/api/v1/me", headers={"Authorization": f"Bearer {token_text}"})

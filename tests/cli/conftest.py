@@ -50,7 +50,9 @@ class Cli:
         self.home = home
         self.path_prefix = path_prefix
 
-    def __call__(self, *args: str, input: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    def __call__(
+        self, *args: str, input: str | None = None, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
         environment = {
             key: value for key, value in os.environ.items() if key not in ("DEVCLOUD_URL", "DEVCLOUD_TOKEN")
         }
