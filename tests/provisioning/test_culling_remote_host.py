@@ -13,8 +13,8 @@ from django.utils import timezone
 from portal.instances import culling
 from portal.instances.models import Instance, InstanceEvent, LaunchPolicy
 from provisioning.models import GpuAllocation
+from tests.support.docker_instances import docker_client, wait_for_jupyter
 from tests.support.docker_instances import docker_portal_fixture  # noqa: F401
-from tests.support.docker_instances import wait_for_jupyter
 from tests.support.images import cpu_image_fixture  # noqa: F401
 
 from .test_remote_host import host_root, launch, remote_host, set_gpu_busy  # noqa: F401
@@ -22,8 +22,19 @@ from .test_remote_host import host_root, launch, remote_host, set_gpu_busy  # no
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
 
+def helpers_started(since, portal_id) -> int:
+    """How many helper containers the engine started for this portal since `since` (a datetime)."""
+    events = docker_client().events(
+        since=since,
+        until=timezone.now() + timedelta(seconds=1),
+        filters={"type": "container", "event": "start", "label": [f"devcloud.portal={portal_id}", "devcloud.helper=hostfs"]},
+        decode=True,
+    )
+    return sum(1 for _ in events)
+
+
 def test_it_counts_a_busy_gpu_on_a_remote_host_as_use_when_culling(
-    alice, remote_host, host_root, cpu_image, django_capture_on_commit_callbacks
+    alice, remote_host, host_root, cpu_image, django_capture_on_commit_callbacks, docker_portal
 ):
     policy = LaunchPolicy.current()
     policy.idle_minutes = {"1x": 60, "8x": 30}
@@ -45,8 +56,11 @@ def test_it_counts_a_busy_gpu_on_a_remote_host_as_use_when_culling(
 
     # A job from a shell keeps the GPU busy: the host says so through its engine, and the instance is kept.
     set_gpu_busy(host_root, 152, 80)
+    round_began = timezone.now() - timedelta(seconds=1)
     with django_capture_on_commit_callbacks(execute=True):
         busy = culling.cull_idle(later)
 
     assert (busy.checked, busy.busy, busy.warned, busy.stopped) == (1, 1, 0, 0)
     assert InstanceEvent.objects.filter(instance=instance, message__startswith="GPUs busy (80%)").exists()
+    # Read on the host, by one helper container its engine ran for the round.
+    assert helpers_started(round_began, docker_portal) == 1
