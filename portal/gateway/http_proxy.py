@@ -122,15 +122,27 @@ async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decisio
     try:
         content_type = upstream.headers.get("content-type", "")
         rewrite = content_type.startswith("text/html") and bool(decision.token)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": upstream.status_code,
-                "headers": downstream_response_headers(
-                    upstream.headers.raw, path_prefix=prefix, endpoint=decision.endpoint, rewrite_body=rewrite
-                ),
-            }
-        )
+        start = {
+            "type": "http.response.start",
+            "status": upstream.status_code,
+            "headers": downstream_response_headers(
+                upstream.headers.raw, path_prefix=prefix, endpoint=decision.endpoint, rewrite_body=rewrite
+            ),
+        }
+        if not rewrite and _small(upstream):
+            # Most lab requests (API calls, polls) answer a few hundred bytes: read them whole and send
+            # them in one message, without the two tasks that stream a large body and watch for the
+            # browser leaving, which cost more than the request itself.
+            try:
+                body = b"".join([chunk async for chunk in upstream.aiter_raw()])
+            except httpx.TransportError as error:
+                logger.info("gateway: %s %s upstream broke: %r", scope["method"], scope["path"], error)
+                answer = pages.upstream_down(headers, path_with_query(scope))
+                return await reply(send, answer, head=scope["method"] == "HEAD")
+            await send(start)
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send(start)
         body = _scrubbed(upstream.aiter_bytes(), decision.token.encode()) if rewrite else upstream.aiter_raw()
         # uvicorn drops what is sent after the browser left without saying so; watching for the
         # disconnect stops pulling a large download from the container for nobody.
@@ -148,6 +160,15 @@ async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decisio
         logger.info("gateway: %s %s upstream broke mid-response: %r", scope["method"], scope["path"], error)
     finally:
         await upstream.aclose()
+
+
+# Bodies up to this size (by Content-Length) are read whole rather than streamed.
+SMALL_BODY = 64 * 1024
+
+
+def _small(upstream: httpx.Response) -> bool:
+    length = upstream.headers.get("content-length", "")
+    return length.isdigit() and int(length) <= SMALL_BODY
 
 
 async def _forward_body(chunks, send) -> None:
