@@ -109,3 +109,18 @@ def test_me_says_which_token_is_used(alice):
     _, api = token_for(alice, scope="read", name="dashboards")
     me = api.get("/api/v1/me").json()
     assert me["token"]["name"] == "dashboards" and me["token"]["scope"] == "read"
+
+
+def test_the_settings_page_marks_revoked_and_expired_tokens_and_offers_no_revoke_for_them(
+    alice_client, alice
+):
+    revoked, _ = token_for(alice, name="old laptop")
+    expired, _ = token_for(alice, name="last year's CI")
+    live, _ = token_for(alice, name="CI")
+    ApiToken.objects.filter(pk=revoked.pk).update(revoked_at=timezone.now())
+    ApiToken.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(days=1))
+    page = alice_client.get(SETTINGS).content.decode()
+    assert "Revoked" in page and "Expired" in page and "Expires" in page
+    assert f"/accounts/settings/api-tokens/{live.pk}/revoke/" in page
+    assert f"/accounts/settings/api-tokens/{revoked.pk}/revoke/" not in page
+    assert f"/accounts/settings/api-tokens/{expired.pk}/revoke/" not in page
