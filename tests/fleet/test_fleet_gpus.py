@@ -25,8 +25,7 @@ print("dri:", ",".join(sorted(os.listdir("/dev/dri"))))
 
 @pytest.fixture(scope="module")
 def image(fleet, fleet_cpu_image):
-    for host in fleet.hosts:
-        fleet.pull(host, fleet_cpu_image)
+    fleet.pull_on_all(fleet_cpu_image)
     return fleet_cpu_image
 
 

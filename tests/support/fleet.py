@@ -3,8 +3,9 @@
 Each host is what a remote MI300X host looks like to the portal:
   - its engine listens only on tcp://<private address>:2376 with mutual TLS (certificates from a test CA
     made here with `cryptography`); its unix socket is for this module's own bookkeeping only;
-  - it lives in a network namespace joined to this machine by a veth pair on 10.231.<n>.0/24: the host is
-    .2 (its private address), this machine (the portal and worker) is .1 (the host's gateway);
+  - it lives in a network namespace joined to this machine by a veth pair on a /24 of 10.231.0.0/16 of
+    its own: the host is .2 (its private address), this machine (the portal and worker) is .1 (the
+    host's gateway);
   - it has its own data-root and exec-root, a copy of the 8x MI300X KFD tree under <host dir>/root/sys,
     and stand-in /dev/kfd and /dev/dri/renderD<minor> nodes under <host dir>/root/dev, owned by a
     non-root render group whose gid differs from host to host, mode 0660;
@@ -13,12 +14,16 @@ Each host is what a remote MI300X host looks like to the portal:
     firewall rule containers/README.md asks operators of production hosts for.
 
 A real registry (Debian's `docker-registry`) serves images with TLS from the test CA on the fleet's
-network. Every engine on the machine trusts it through /etc/docker/certs.d/<address>/ca.crt, which
-dockerd reads on each pull; the entry is removed when the fleet stops.
+network, at an address of this machine that every host reaches through its gateway. Every engine on the
+machine trusts it through /etc/docker/certs.d/<address>/ca.crt, which dockerd reads on each pull; the
+entry is removed when the fleet stops. Images get there by a push from this machine's engine; the
+registry's storage is kept between sessions, so a push of an unchanged image sends nothing.
 
 Several test sessions may share the machine: each fleet takes a free *slot* (a lock file held for the
-life of the process), and its names, addresses and directories all carry the slot number. Whatever a
-crashed session left in a slot is removed when the next fleet takes that slot.
+life of the process), and its names, addresses and directories all carry the slot number. Stopping a
+fleet stops every dockerd (TERM, so they stop their containers) and the registry, and removes the
+namespaces, links, mounts, the certs.d entry and the directories. Whatever a crashed session left in a
+slot is removed the same way when the next fleet takes that slot.
 
 Use it from pytest through the `fleet` fixture (see tests/fleet/conftest.py), or from other code:
 
@@ -427,8 +432,9 @@ class FleetHost:
         return ""
 
     def kill(self) -> None:
-        """Kills the host's dockerd at once (SIGKILL), as a crash or a power cut would: the engine stops
-        answering. Its containers' processes keep running, as they do when dockerd dies on a real host."""
+        """Kills the host's dockerd at once (SIGKILL), as a crash would: the engine stops answering. Its
+        containers' processes keep running while it is down, as on a real host; when restart() brings
+        the engine back, dockerd (without live-restore, the default) stops them (exit code 143)."""
         pid = self.pid
         if pid is None:
             return
@@ -561,6 +567,8 @@ class Fleet:
         fleet = cls(slot, lock_fd)
         began = time.monotonic()
         try:
+            for trash in FLEET_ROOT.glob("trash-*"):
+                _delete_in_background(trash)
             fleet._clean_leftovers()
             fleet._check_addresses_free()
             fleet.directory.mkdir(parents=True)
@@ -608,7 +616,7 @@ class Fleet:
             _run("ip", "netns", "del", host.netns, check=False)
             _run("ip", "link", "del", host.netns_link, check=False)
             _unmount_under(host.directory)
-            shutil.rmtree(host.directory, ignore_errors=True)
+            _remove_soon(host.directory)
             self.hosts.remove(host)
 
     def stop(self) -> None:
@@ -640,6 +648,12 @@ class Fleet:
                 local.close()
             self._pushed.add(reference)
         return remote
+
+    def pull_on_all(self, reference: str) -> None:
+        """Pulls `reference` onto every host of the fleet, in parallel (see pull)."""
+        self.push(reference)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
+            list(pool.map(lambda host: self.pull(host, reference), list(self.hosts)))
 
     def pull(self, host: FleetHost, reference: str) -> "docker.models.images.Image":
         """Pulls `reference` ("devcloud/cpu:abc") from the fleet's registry onto `host`, through the host's
@@ -751,7 +765,11 @@ class Fleet:
         _write(directory / "cert.pem", cert)
         _write(directory / "key.pem", key, 0o600)
         ca_pem = _write(directory / "ca.pem", self.ca.cert_pem)
-        (directory / "storage").mkdir()
+        # Kept from session to session (per slot: one registry at a time uses it): it is content-addressed,
+        # so pushing an unchanged image again sends nothing, where a fresh push of the CPU image takes from
+        # 20 s to over a minute on a busy machine. `rm -rf /var/tmp/devcloud-fleet` reclaims it.
+        storage = FLEET_ROOT / f"registry-cache-{self.slot}"
+        storage.mkdir(exist_ok=True)
         config = f"""version: 0.1
 log:
   level: warn
@@ -761,7 +779,7 @@ storage:
   cache:
     blobdescriptor: inmemory
   filesystem:
-    rootdirectory: {directory / "storage"}
+    rootdirectory: {storage}
   delete:
     enabled: true
 http:
@@ -826,7 +844,31 @@ http:
             CERTS_D.rmdir()  # only when empty: it did not exist before the first fleet here
         if directory.exists():
             _unmount_under(directory)
-            shutil.rmtree(directory, ignore_errors=True)
+            _remove_soon(directory)
+
+
+def _remove_soon(directory: Path) -> None:
+    """Moves `directory` out of the way at once and deletes it in the background: a host's data root and
+    the registry hold an unpacked image each, which takes half a minute to delete on a busy machine.
+    Leftovers of an interrupted delete go with the next fleet's."""
+    trash = FLEET_ROOT / f"trash-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        directory.rename(trash)
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    _delete_in_background(trash)
+
+
+def _delete_in_background(path: Path) -> None:
+    # A session of its own: it finishes even when the test process exits first.
+    subprocess.Popen(
+        ["rm", "-rf", "--one-file-system", str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _host_stop(directory: Path) -> None:
