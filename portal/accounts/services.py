@@ -35,6 +35,7 @@ from portal.instances.stop_reasons import StopReason
 from portal.lib.tasks import publish
 from portal.notifications.services import notify_account_suspended
 from portal.sshgateway.services import keys_changed
+from provisioning.workspaces import workspaces_remove_all
 
 from .models import SshKey, User
 from .tokens import TokenState, email_change_tokens, email_verification_tokens, password_reset_tokens
@@ -582,6 +583,7 @@ def account_delete(*, user: User) -> User:
             reason=StopReason.ACCOUNT_DELETED,
             message="Stopped because the account was deleted; its workspace is removed.",
         )
+        workspaces_remove_all(user_id=user.pk)
         # django-axes keeps log-in records under the address; they are personal data too.
         for model in (AccessAttempt, AccessFailureLog, AccessLog):
             model.objects.filter(username=user.email).delete()

@@ -378,6 +378,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(METER_TICK_SECONDS),
         "options": {"expires": METER_TICK_SECONDS},
     },
+    # Deleted accounts' workspace volumes left on hosts that did not answer (provisioning/workspaces.py).
+    "remove-workspaces": {
+        "task": "provisioning.remove_workspaces",
+        "schedule": float(RECONCILE_SECONDS),
+        "options": {"expires": RECONCILE_SECONDS},
+    },
 }
 # How often beat records a capacity sample (GPUs allocated/total, launch queue) for the console's charts.
 CONSOLE_SAMPLE_SECONDS = env.int("CONSOLE_SAMPLE_SECONDS", default=300)
