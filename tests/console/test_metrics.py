@@ -316,3 +316,44 @@ def test_it_adds_up_counters_from_every_process_in_multiprocess_mode(tmp_path, m
     text = metrics.exposition().decode()
 
     assert 'devcloud_email_send_failures_total{outcome="gave_up",task="notifications.send"} 2.0' in text
+
+
+def test_it_counts_the_websockets_the_gateway_holds_open_and_forgets_them_when_closed():
+    from portal.console.instrumentation import InstrumentedGateway
+
+    async def lab(scope, receive, send):
+        # A gateway that accepts the browser's websocket and relays until the browser leaves.
+        await send({"type": "websocket.accept"})
+        while (await receive())["type"] != "websocket.disconnect":
+            pass
+
+    async def refusing_lab(scope, receive, send):
+        await send({"type": "websocket.http.response.start", "status": 404, "headers": []})
+        await send({"type": "websocket.http.response.body", "body": b""})
+
+    async def session():
+        before = counted("devcloud_gateway_open_websockets")
+        leave = asyncio.Event()
+
+        async def receive():
+            await leave.wait()
+            return {"type": "websocket.disconnect", "code": 1000}
+
+        async def send(message):
+            pass
+
+        scope = {"type": "websocket", "path": f"/instances/{uuid.uuid4()}/lab/api/kernels/k/channels"}
+        open_socket = asyncio.create_task(InstrumentedGateway(lab)(scope, receive, send))
+        await asyncio.sleep(0.05)
+        while_open = counted("devcloud_gateway_open_websockets")
+        await InstrumentedGateway(refusing_lab)(scope, receive, send)
+        after_refusal = counted("devcloud_gateway_open_websockets")
+        leave.set()
+        await open_socket
+        return before, while_open, after_refusal, counted("devcloud_gateway_open_websockets")
+
+    before, while_open, after_refusal, after = asyncio.run(session())
+
+    assert while_open == before + 1
+    assert after_refusal == before + 1  # a refused websocket was never open
+    assert after == before
