@@ -12,6 +12,13 @@ from .. import selectors
 register = template.Library()
 
 
+def _unread(request) -> int:
+    """The user's unread count, read once per request: the nav link and the dashboard card both show it."""
+    if not hasattr(request, "_unread_notifications"):
+        request._unread_notifications = selectors.unread_count(request.user)
+    return request._unread_notifications
+
+
 @register.inclusion_tag("notifications/_recent.html", takes_context=True)
 def recent_notifications(context, limit: int = 5):
     request = context["request"]
@@ -19,7 +26,7 @@ def recent_notifications(context, limit: int = 5):
         return {"notifications": [], "unread": 0, "request": request}
     return {
         "notifications": selectors.recent_for(request.user, limit=limit),
-        "unread": selectors.unread_count(request.user),
+        "unread": _unread(request),
         "request": request,
         "csrf_token": context.get("csrf_token"),
     }
@@ -30,5 +37,5 @@ def unread_notifications_count(context) -> str:
     user = context["request"].user
     if not user.is_authenticated:
         return ""
-    count = selectors.unread_count(user)
+    count = _unread(context["request"])
     return str(count) if count else ""
