@@ -285,33 +285,33 @@ class _BatchCharges:
 # instance k is charged max(0, min(owed_k, room - before_k)), and the balance after it is
 # balance - max(0, min(room, before_k + owed_k)). Every period ends on a whole second after
 # metered_until. The ledger key and reason are usage_key() and _usage_reason() written in SQL.
-# The caller holds the owners' account locks; this locks the instance rows (FOR UPDATE in `locked`)
-# before anything reads metered_until, in the order every other path locks them.
+# The caller holds the owners' account locks, taken in an earlier statement, so this statement's snapshot
+# already has whatever a concurrent tick or stop committed. It also locks the instance rows (`locked`),
+# in the order every other path locks them, and charges from the row versions that lock returned.
 _CHARGE_SQL = """
 WITH locked AS (
-    SELECT id FROM {instance} WHERE user_id = ANY(%(users)s) AND state = %(running)s
-        AND metered_until IS NOT NULL
+    SELECT id, user_id, size, metered_until FROM {instance}
+    WHERE user_id = ANY(%(users)s) AND state = %(running)s AND metered_until IS NOT NULL
     ORDER BY user_id, id FOR UPDATE
 ),
 running AS (
     SELECT i.id, i.user_id, i.metered_until, a.id AS account_id, a.balance_gpu_seconds AS balance,
         coalesce(size.gpus, 0) AS gpus, coalesce(size.name, i.size) AS size_name,
         floor(extract(epoch FROM (%(now)s - i.metered_until)))::bigint AS seconds
-    FROM {instance} i
-    JOIN locked ON locked.id = i.id
+    FROM locked i
     JOIN {account} a ON a.user_id = i.user_id
     LEFT JOIN unnest(%(size_keys)s::text[], %(size_gpus)s::bigint[], %(size_names)s::text[])
         AS size(key, gpus, name) ON size.key = i.size
 ),
 owners AS (
-    SELECT user_id, sum(gpus) AS gpus FROM running GROUP BY user_id
+    SELECT user_id, sum(gpus)::bigint AS gpus FROM running GROUP BY user_id
 ),
 owed AS (
     SELECT running.*, owners.gpus AS owner_gpus, running.seconds * running.gpus AS owed,
         running.balance + greatest(owners.gpus, 1) * %(tick)s AS room,
-        sum(running.seconds * running.gpus) OVER (
+        (sum(running.seconds * running.gpus) OVER (
             PARTITION BY running.user_id ORDER BY running.id ROWS UNBOUNDED PRECEDING
-        ) AS owed_through
+        ))::bigint AS owed_through
     FROM running JOIN owners USING (user_id)
     WHERE running.seconds > 0
 ),
@@ -352,7 +352,7 @@ balances AS (
     FROM totals WHERE a.id = totals.account_id
     RETURNING a.user_id, a.balance_gpu_seconds
 )
-SELECT 'owner', owners.user_id::text, owners.gpus::bigint, balances.balance_gpu_seconds
+SELECT 'owner', owners.user_id::text, owners.gpus, balances.balance_gpu_seconds
     FROM owners LEFT JOIN balances USING (user_id)
 UNION ALL
 SELECT 'total', (count(*) FILTER (WHERE charged > 0))::text, coalesce(sum(charged), 0)::bigint,
