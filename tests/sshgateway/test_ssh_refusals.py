@@ -129,3 +129,39 @@ def test_a_shell_on_the_gateway_prints_help_and_closes(alice, keygen, ssh_as, ga
     assert "It has no shell" in result.stdout
     assert "ssh -J 127.0.0.1:2222 developer@<instance>" in result.stdout
     assert f"Your running instances: {instance.short_id}" in result.stdout
+
+
+def test_the_gateway_forwards_to_nothing_but_instances(alice, keygen, ssh_as, gateway, launch):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    launch(alice)
+    ssh = ssh_as(key)
+
+    # The portal's own database and sshd, by address and by name: what an attacker would try.
+    attempts = [
+        subprocess.run(
+            ["ssh", "-F", str(ssh.config), "-p", str(gateway.port), "-W", target, "alice@127.0.0.1"],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )
+        for target in ("127.0.0.1:5432", "localhost:22", "[::1]:22", "postgres:5432")
+    ]
+
+    for result in attempts:
+        assert result.returncode == 255
+        assert "administratively prohibited" in result.stderr, result.stderr
+
+
+def test_a_key_pasted_into_another_account_does_not_divert_its_owner(alice, bob, keygen, ssh_as, launch):
+    # Bob pastes alice's public key (public keys are public) into his own account, hoping her
+    # connections land in his instance, where he could watch what she types.
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    accounts.sshkey_add(user=bob, name="not mine", public_key=key.public_line)
+    alices, bobs = launch(alice, minor=128), launch(bob, minor=136)
+
+    result = ssh_as(key).run(alices.short_id, "hostname")
+
+    assert result.stdout.strip() == f"devcloud-{alices.short_id}", result.stderr
+    session = SshSession.objects.get()
+    assert (session.user, session.instance) == (alice, alices)
+    assert bobs.short_id != alices.short_id
