@@ -14,7 +14,8 @@ def test_it_names_the_package_to_install_for_each_missing_tool(monkeypatch):
     with pytest.raises(FleetUnavailable) as refused:
         Fleet.start(hosts=2)
 
-    for tool, package in [("ip", "iproute2"), ("nsenter", "util-linux"), ("docker-registry", "docker-registry")]:
+    needed = [("ip", "iproute2"), ("nsenter", "util-linux"), ("docker-registry", "docker-registry")]
+    for tool, package in needed:
         assert f"{tool} (Debian package {package})" in str(refused.value)
     assert "scripts/test-services.sh" in str(refused.value)
 
