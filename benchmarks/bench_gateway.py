@@ -162,7 +162,8 @@ def main() -> dict:
     ratio = figures["gateway"]["median_ms"] / base if base else float("nan")
     first = figures["gateway_uncached"]["median_ms"]
     print(
-        f"  target: gateway within {TARGET_RATIO}x of direct: {'meets' if ratio <= TARGET_RATIO else 'MISSES'} "
+        f"  target: gateway within {TARGET_RATIO}x of direct: "
+        f"{'meets' if ratio <= TARGET_RATIO else 'MISSES'} "
         f"({ratio:.2f}x); first request of a session under {TARGET_FIRST_MS} ms: "
         f"{'meets' if first < TARGET_FIRST_MS else 'MISSES'} ({first:.2f} ms)"
     )

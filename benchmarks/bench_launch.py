@@ -349,11 +349,14 @@ class Plain:
         log = host.get("LogConfig") or {}
         if log.get("Type"):
             options += ["--log-driver", log["Type"]]
-            options += [arg for key, value in (log.get("Config") or {}).items() for arg in ("--log-opt", f"{key}={value}")]
+            for key, value in (log.get("Config") or {}).items():
+                options += ["--log-opt", f"{key}={value}"]
         options += ["--restart", "no"]
         self.hardening = options
         self.environment = dict(
-            entry.split("=", 1) for entry in config.get("Env") or [] if entry not in image_env and "=" in entry
+            entry.split("=", 1)
+            for entry in config.get("Env") or []
+            if entry not in image_env and "=" in entry
         )
         bindings = host.get("PortBindings") or {}
         for binding in bindings.values():
@@ -505,7 +508,7 @@ def _median(values) -> float:
 
 
 def _report(label: str, portal: list[Sample], plain: list[Sample], target: float | None = None) -> dict:
-    """Prints one scenario's comparison (and, given a target ratio, whether it meets it); returns its figures."""
+    """Prints one scenario's comparison (and whether it meets `target`, a ratio); returns its figures."""
     figures = {
         "portal_median_s": _median(s.total for s in portal),
         "portal_max_s": max(s.total for s in portal),
@@ -524,7 +527,8 @@ def _report(label: str, portal: list[Sample], plain: list[Sample], target: float
     for side in ("portal", "plain"):
         name = "portal (through the gateway)" if side == "portal" else "plain docker run"
         print(
-            f"  {name:<30} median {figures[f'{side}_median_s']:6.3f} s   max {figures[f'{side}_max_s']:6.3f} s"
+            f"  {name:<30} median {figures[f'{side}_median_s']:6.3f} s"
+            f"   max {figures[f'{side}_max_s']:6.3f} s"
             f"   outside JupyterLab's start-up {figures[f'{side}_outside_boot_median_s']:6.3f} s (median)"
         )
     print(
@@ -535,7 +539,7 @@ def _report(label: str, portal: list[Sample], plain: list[Sample], target: float
     )
     if target is not None:
         verdict = "meets" if figures["ratio"] <= target else "MISSES"
-        print(f"  target: portal median within {target:.2f}x plain's median: {verdict} ({figures['ratio']:.3f}x)")
+        print(f"  target: portal median within {target:.2f}x plain's: {verdict} ({figures['ratio']:.3f}x)")
     print("  where the time goes (median of each phase):")
     for sample_set, side in ((portal, "portal"), (plain, "plain")):
         for phase in sample_set[0].phases:
@@ -600,7 +604,8 @@ def main() -> dict:
             GpuHost.objects.filter(pk=host.pk).update(cpus_per_gpu=engine_cpus)
         catalog_sync()
         users = [
-            User.objects.create_user(f"bench{n}@example.com", email_verified_at=_now()) for n in range(largest)
+            User.objects.create_user(f"bench{n}@example.com", email_verified_at=_now())
+            for n in range(largest)
         ]
         for user in users:
             credits.credits_adjust(

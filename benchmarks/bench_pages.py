@@ -78,7 +78,8 @@ def _seed() -> list:
         cursor.execute(
             f"""
             INSERT INTO {LedgerEntry._meta.db_table}
-                (account_id, kind, gpu_seconds, balance_after, idempotency_key, reason, actor_name, created_at)
+                (account_id, kind, gpu_seconds, balance_after, idempotency_key, reason, actor_name,
+                 created_at)
             SELECT account.id, CASE WHEN n = 1 THEN 'grant' ELSE 'usage' END,
                 CASE WHEN n = 1 THEN 50 * 3600 + 99 * 60 ELSE -60 END,
                 50 * 3600 + (n - 1) * 60, 'seed:' || account.id || ':' || n,
@@ -184,7 +185,8 @@ def _start_portal(port: int, database_url: str, log: Path) -> subprocess.Popen:
     }
     env.pop("DATABASE_CONN_MAX_AGE", None)
     command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--workers", str(WEB_WORKERS), "--log-level", "warning", "--no-access-log"]
+    command += ["--port", str(port), "--workers", str(WEB_WORKERS)]
+    command += ["--log-level", "warning", "--no-access-log"]
     with open(log, "wb") as log_file:
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
 
@@ -299,7 +301,8 @@ def main() -> dict:
         verdict = "meets" if load["p95_ms"] < TARGET_P95_MS else "MISSES"
         print(
             f"  {name:<14} under load: median {load['median_ms']:5.0f} ms  p95 {load['p95_ms']:5.0f} ms "
-            f"({load['requests']} requests, {load['rps']:.1f}/s, {load['failures']} failed)  {verdict} the target | "
+            f"({load['requests']} requests, {load['rps']:.1f}/s, {load['failures']} failed)  "
+            f"{verdict} the target | "
             f"baseline, one at a time: median {base['median_ms']:6.2f} ms  p95 {base['p95_ms']:6.2f} ms | "
             f"{queries[name]} SQL queries"
         )
