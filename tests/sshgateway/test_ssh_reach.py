@@ -122,3 +122,30 @@ def test_each_session_is_recorded_with_its_bytes(alice, keygen, ssh_as, launch):
     assert session.bytes_to_client > 200_000
     assert session.bytes_from_client > 0
     assert session.started_at <= session.ended_at
+
+
+def test_rsync_and_sftp_work_through_the_gateway(alice, keygen, ssh_as, launch, tmp_path):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    instance = launch(alice)
+    ssh = ssh_as(key)
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "model.py").write_text("WIDTH = 4096\n")
+    (project / "README").write_text("notes\n")
+    remote_shell = " ".join([*ssh.args(), "-l", "developer"])
+
+    synced = subprocess.run(
+        ["rsync", "-a", "-e", remote_shell, f"{project}/", f"{instance.short_id}:/workspace/project/"],
+        capture_output=True, text=True, timeout=60,
+    )
+    fetched = subprocess.run(
+        [*ssh.args("sftp"), "-b", "-", f"developer@{instance.short_id}"],
+        input=f"get /workspace/project/src/model.py {tmp_path / 'model.py'}\n",
+        capture_output=True, text=True, timeout=60,
+    )
+
+    assert synced.returncode == 0, synced.stderr
+    assert ssh.run(instance.short_id, "cat /workspace/project/README").stdout == "notes\n"
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "model.py").read_text() == "WIDTH = 4096\n"
