@@ -157,6 +157,11 @@ class GatewayServer(asyncssh.SSHServer):
         return True
 
     async def validate_public_key(self, username, key):
+        # asyncssh calls this for every key the client offers, and again for the signed attempt, right
+        # before it checks the signature and (with no await in between) reports success and calls
+        # auth_completed. A newer auth request cancels an older one mid-lookup. So the candidate left
+        # when auth_completed runs is the key whose signature was just verified, never one merely
+        # offered (someone offering Alice's public key without her private key is never taken for her).
         fingerprint = key.get_fingerprint("sha256")
         known = await _db(access.key_is_known, fingerprint=fingerprint)
         if known:
