@@ -14,6 +14,19 @@ from portal.api import services
 from provisioning.drivers import fake
 from tests.api.conftest import give
 
+# The SSH tests' real gateway process, containers and OpenSSH client, for `devcloud ssh` run for real.
+from tests.sshgateway.conftest import (  # noqa: F401  (fixtures, used by name)
+    dev_root,
+    gateway,
+    host,
+    image,
+    keygen,
+    launch,
+    ssh_as,
+)
+from tests.support.docker_instances import docker_portal_fixture  # noqa: F401  (registers docker_portal)
+from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
+
 REPO = Path(__file__).resolve().parents[2]
 
 
