@@ -386,7 +386,12 @@ before_verify_hook = None
 
 
 def _same_engine(one, other) -> bool:
-    return one.info().get("ID") == other.info().get("ID")
+    # Engines on one machine may share an ID (it lives in /etc/docker), never a data root as well.
+    def identity(client):
+        info = client.info()
+        return info.get("ID"), info.get("Name"), info.get("DockerRootDir")
+
+    return identity(one) == identity(other)
 
 
 def _point(workspace: Workspace, *, host, n_bytes: int, volume: str | None = None) -> None:
