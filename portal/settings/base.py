@@ -86,14 +86,19 @@ DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE",
 # option): opening one costs the database a process and several milliseconds per request, and under
 # ASGI every request runs in a new thread, so persistent connections (CONN_MAX_AGE) are never reused.
 # Setting DATABASE_CONN_MAX_AGE turns the pool off (Django allows one or the other), and so does an
-# environment without the psycopg-pool package.
+# environment without the psycopg-pool package. The pool never caps below what the database allows
+# (PostgreSQL's default max_connections): the provisioning worker's threads each hold a connection
+# while a launch runs, and a smaller pool would fail a burst of launches waiting for one. Connections
+# idle for a minute are closed, so a burst's connections do not stay open.
 _database = DATABASES["default"]
 if (
     _database["ENGINE"] == "django.db.backends.postgresql"
     and not _database["CONN_MAX_AGE"]
     and importlib.util.find_spec("psycopg_pool") is not None
 ):
-    _database.setdefault("OPTIONS", {}).setdefault("pool", {"min_size": 1, "max_size": 16, "timeout": 10})
+    _database.setdefault("OPTIONS", {}).setdefault(
+        "pool", {"min_size": 1, "max_size": 100, "max_idle": 60, "timeout": 30}
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Rate-limit counters live in the database, so pages and sign-up keep working while Redis is down.
