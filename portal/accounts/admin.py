@@ -19,6 +19,7 @@ from portal.credits.admin import adjust_url, ledger_table
 from portal.credits.models import BonusApplication, hours
 from portal.instances import entitlements
 from portal.instances.models import Instance, LaunchPolicy
+from portal.instances.selectors import stop_reason_text
 from portal.instances.sizes import SIZES
 
 from . import services
@@ -481,7 +482,7 @@ def instances_table(user) -> str:
                 when(instance.ready_at),
                 when(instance.stopped_at),
                 hours(instance.charged_gpu_seconds),
-                instance.failure_reason or instance.stop_reason or "–",
+                instance.failure_reason or stop_reason_text(instance) or "–",
             )
             for instance in instances
         ),

@@ -1,7 +1,7 @@
 """Settings of the e2e workers that test redelivery: the test settings with a broker visibility timeout
 of a few seconds (E2E_VISIBILITY_TIMEOUT), so a message whose worker was killed is handed to the next
 worker within the test rather than after an hour. What depends on the timeout follows it, as it would in
-production: provisioning.tasks keeps its retry delays under a quarter of it.
+production: the instance tasks keep their retry delays under a quarter of it (portal/lib/tasks.py).
 
 Only this one value differs from portal.settings.test; the worker is otherwise the one every test runs.
 """
