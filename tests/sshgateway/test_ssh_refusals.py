@@ -165,3 +165,32 @@ def test_a_key_pasted_into_another_account_does_not_divert_its_owner(alice, bob,
     session = SshSession.objects.get()
     assert (session.user, session.instance) == (alice, alices)
     assert bobs.short_id != alices.short_id
+
+
+def test_offering_someone_elses_public_key_without_its_private_key_gains_nothing(
+    alice, bob, keygen, ssh_as, launch, tmp_path
+):
+    alice_key, bob_key = keygen("alice-laptop"), keygen("bob-laptop")
+    add_key(alice, alice_key, "laptop")
+    add_key(bob, bob_key, "laptop")
+    instance = launch(alice)
+    # Bob has alice's public key (anyone can), offers it first, then signs in with his own.
+    stolen = tmp_path / "stolen" / "alice.pub"
+    stolen.parent.mkdir()
+    stolen.write_text(alice_key.public_line + "\n")
+    config = tmp_path / "bob-config"
+    config.write_text(
+        ssh_as(bob_key).config.read_text().replace(
+            f"  IdentityFile {bob_key.private}\n", f"  IdentityFile {stolen}\n  IdentityFile {bob_key.private}\n"
+        )
+    )
+
+    result = subprocess.run(
+        ["ssh", "-F", str(config), "-J", ssh_as(bob_key).gateway.jump, f"developer@{instance.short_id}", "id"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+
+    # The gateway said yes to alice's key when it was offered, but only bob signed: he is bob.
+    assert "uid=" not in result.stdout
+    assert f"You have no instance named '{instance.short_id}'" in result.stderr, result.stderr
+    assert not SshSession.objects.exists()
