@@ -3,6 +3,7 @@
 from django.conf import settings
 
 from portal.credits import selectors as credit_selectors
+from portal.credits.models import LedgerEntry
 from portal.instances import entitlements
 from portal.instances import selectors as instance_selectors
 from portal.instances.models import Instance, LaunchPolicy
@@ -19,6 +20,12 @@ MAX_LOG_LINES = 1000
 def tokens_of(user):
     """The user's tokens, newest first, revoked and expired ones included (the page marks them)."""
     return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
+
+
+def ledger_of(user):
+    """All of the user's ledger entries, newest first, for the API to paginate (the dashboard shows the
+    latest few through portal.credits.selectors.ledger_for)."""
+    return LedgerEntry.objects.filter(account__user=user).order_by("-created_at", "-id")
 
 
 def ssh_access() -> dict:

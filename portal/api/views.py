@@ -22,7 +22,6 @@ from portal.accounts.models import SshKey
 from portal.credits import selectors as credit_selectors
 from portal.credits import services as credit_services
 from portal.credits.forms import BonusApplyForm
-from portal.credits.models import LedgerEntry
 from portal.instances import selectors as instance_selectors
 from portal.instances import services as instance_services
 from portal.instances.forms import LaunchForm
@@ -108,7 +107,7 @@ class LedgerView(generics.ListAPIView):
     pagination_class = LedgerPagination
 
     def get_queryset(self):
-        return LedgerEntry.objects.filter(account__user=self.request.user).order_by("-created_at", "-id")
+        return selectors.ledger_of(self.request.user)
 
     @extend_schema(operation_id="ledger", responses=_responses({200: LedgerEntrySerializer(many=True)}, 404))
     def get(self, request, *args, **kwargs):
