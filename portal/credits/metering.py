@@ -11,6 +11,10 @@ How the money moves (docs/architecture.md, "Credits", Metering):
 - The balance never goes below minus one tick's worth: a charge that would take the owner below
   `-(their running GPUs × METER_TICK_SECONDS)` is cut to that floor, and the rest is waived (the
   instance is stopped in the same tick, so what is waived is at most what accrued while beat was late).
+- An instance is never charged past the moment its host was last confirmed alive while that host is in
+  doubt: on a host that is down, or whose latest heartbeat failed, a tick charges only up to the host's
+  last_seen_at (`host_in_doubt`). The time is charged later if the host answers again; if it goes down,
+  the lifecycle stops the instance and settles it at that moment (`settle_until`).
 - After charging, every live instance of an owner whose balance is at or below zero is stopped with
   stop_reason credits_exhausted, through the bulk stop in portal/instances/transitions.py.
 - Once a batch has committed, its owners get the credit warnings (about 1 hour or 10 minutes left at
@@ -33,6 +37,7 @@ from django.utils import timezone
 from portal.instances import transitions
 from portal.instances.models import Instance
 from portal.instances.sizes import SIZES
+from provisioning.models import GpuHost
 from portal.notifications.services import (
     CREDIT_WARNINGS,
     StopReason,
@@ -149,6 +154,52 @@ def charge_until(*, instance: Instance, until: datetime) -> int:
         metered_until=instance.metered_until, charged_gpu_seconds=instance.charged_gpu_seconds
     )
     return charge.gpu_seconds
+
+
+def host_in_doubt(*, state: str, last_error: str) -> bool:
+    """Whether a host's instances may be charged only up to its last_seen_at: it is down, or its latest
+    heartbeat (provisioning/health.py) did not answer."""
+    return state == GpuHost.State.DOWN or bool(last_error)
+
+
+def tick_until(*, now: datetime, metered_until: datetime, host_state, host_last_error, host_last_seen_at):
+    """Where a tick charges one running instance to: `now`, or its host's last_seen_at while the host is
+    in doubt (never before metered_until). The Python twin of the CASE in _CHARGE_SQL."""
+    if host_state is None or not host_in_doubt(state=host_state, last_error=host_last_error or ""):
+        return now
+    return max(metered_until, min(now, host_last_seen_at or metered_until))
+
+
+def settle_until(*, instance: Instance, until: datetime) -> int:
+    """Make one RUNNING instance's charges end exactly at `until` (its host's last heartbeat, when the
+    host went down). Returns the GPU-seconds charged (positive) or given back (negative).
+
+    Charges up to `until` when metering is behind it (charge_until). When a tick charged past it (the
+    tick ran after the host's last answer but before a heartbeat noticed), the whole seconds past it
+    are given back as a reversal entry and metered_until moves back to it or just before, so the
+    instance has paid for no time after `until`. Idempotent: the reversal's key names the instance.
+    The caller holds the owner's CreditAccount lock and then the instance's row lock.
+    """
+    if instance.metered_until is None or instance.metered_until <= until:
+        return charge_until(instance=instance, until=until)
+    past = instance.metered_until - until
+    seconds = int(past.total_seconds()) + (1 if past.total_seconds() % 1 else 0)
+    refund = min(seconds * gpus_of(instance.size), instance.charged_gpu_seconds)
+    if refund > 0:
+        ledger_post(
+            user=instance.user,
+            kind=LedgerEntry.Kind.REVERSAL,
+            gpu_seconds=refund,
+            idempotency_key=f"host-down-reversal:{instance.id}",
+            reason=f"{SIZES[instance.size].name} instance {instance.short_id}: {seconds} s charged after "
+            "its host was last seen, given back",
+        )
+    instance.metered_until -= timedelta(seconds=seconds)
+    instance.charged_gpu_seconds -= refund
+    Instance.objects.filter(pk=instance.pk).update(
+        metered_until=instance.metered_until, charged_gpu_seconds=instance.charged_gpu_seconds
+    )
+    return -refund
 
 
 @dataclass
@@ -290,14 +341,20 @@ class _BatchCharges:
 # in the order every other path locks them, and charges from the row versions that lock returned.
 _CHARGE_SQL = """
 WITH locked AS (
-    SELECT id, user_id, size, metered_until FROM {instance}
-    WHERE user_id = ANY(%(users)s) AND state = %(running)s AND metered_until IS NOT NULL
-    ORDER BY user_id, id FOR UPDATE
+    SELECT i.id, i.user_id, i.size, i.metered_until,
+        -- tick_until(): a host in doubt (down, or its latest heartbeat failed) is charged only up to
+        -- the moment it last answered.
+        CASE WHEN h.state = %(down)s OR h.last_error <> ''
+            THEN greatest(i.metered_until, least(%(now)s, coalesce(h.last_seen_at, i.metered_until)))
+            ELSE %(now)s END AS charge_until
+    FROM {instance} i LEFT JOIN {host} h ON h.id = i.host_id
+    WHERE i.user_id = ANY(%(users)s) AND i.state = %(running)s AND i.metered_until IS NOT NULL
+    ORDER BY i.user_id, i.id FOR UPDATE OF i
 ),
 running AS (
     SELECT i.id, i.user_id, i.metered_until, a.id AS account_id, a.balance_gpu_seconds AS balance,
         coalesce(size.gpus, 0) AS gpus, coalesce(size.name, i.size) AS size_name,
-        floor(extract(epoch FROM (%(now)s - i.metered_until)))::bigint AS seconds
+        floor(extract(epoch FROM (i.charge_until - i.metered_until)))::bigint AS seconds
     FROM locked i
     JOIN {account} a ON a.user_id = i.user_id
     LEFT JOIN unnest(%(size_keys)s::text[], %(size_gpus)s::bigint[], %(size_names)s::text[])
@@ -369,8 +426,10 @@ def _charge_in_database(batch: dict[int, list], accounts: dict, now: datetime) -
         instance=Instance._meta.db_table,
         account=CreditAccount._meta.db_table,
         ledger=LedgerEntry._meta.db_table,
+        host=GpuHost._meta.db_table,
     )
     params = {
+        "down": GpuHost.State.DOWN,
         "users": sorted(batch),
         "running": Instance.State.RUNNING,
         "now": now,
@@ -400,13 +459,26 @@ def _charge_in_database(batch: dict[int, list], accounts: dict, now: datetime) -
 def _charge_in_python(batch: dict[int, list], accounts: dict, now: datetime) -> _BatchCharges:
     """Charge the running instances of the batch's owners with period_charge(), one by one, and write
     the result in bulk. For SQLite (`make run`'s default database); PostgreSQL runs _CHARGE_SQL."""
-    instances = [
-        _Metered(*row)
-        for row in Instance.objects.select_for_update()
+    rows = (
+        Instance.objects.select_for_update(of=("self",))
         .filter(user_id__in=sorted(batch), state=Instance.State.RUNNING, metered_until__isnull=False)
         .order_by("user_id", "id")
-        .values_list("id", "user_id", "size", "metered_until", "charged_gpu_seconds")
-    ]
+        .values_list(
+            "id", "user_id", "size", "metered_until", "charged_gpu_seconds",
+            "host__state", "host__last_error", "host__last_seen_at",
+        )
+    )  # fmt: skip
+    instances, until = [], {}
+    for *columns, host_state, host_last_error, host_last_seen_at in rows:
+        instance = _Metered(*columns)
+        instances.append(instance)
+        until[instance.id] = tick_until(
+            now=now,
+            metered_until=instance.metered_until,
+            host_state=host_state,
+            host_last_error=host_last_error,
+            host_last_seen_at=host_last_seen_at,
+        )
     charged = _BatchCharges()
     for instance in instances:
         charged.running_gpus[instance.user_id] = charged.running_gpus.get(instance.user_id, 0) + gpus_of(
@@ -417,7 +489,7 @@ def _charge_in_python(batch: dict[int, list], accounts: dict, now: datetime) -> 
         account = accounts[instance.user_id]
         charge = period_charge(
             instance=instance,
-            until=now,
+            until=until[instance.id],
             balance=account[1],
             floor=debt_floor(charged.running_gpus[instance.user_id]),
         )

@@ -1,4 +1,5 @@
-"""Worker-side operations on instances: provision, teardown, meter tick, reconcile, start queued launches.
+"""Worker-side operations on instances: provision, teardown, meter tick, reconcile, start queued launches,
+and what a host going down means for its instances (hosts_heartbeat).
 
 This is the instance lifecycle's worker half; the web half (launch, stop) is portal/instances/services.py.
 Both move Instance.state only through portal/instances/transitions.py, and use provisioning for the fleet:
@@ -17,7 +18,7 @@ Celery tasks (portal/instances/tasks.py) are thin wrappers; retries of transient
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import httpx
@@ -29,8 +30,8 @@ from django.utils import timezone
 from portal.credits import metering
 from portal.credits.models import CreditAccount
 from portal.lib.tasks import publish
-from portal.notifications.services import notify_launch_failed
-from provisioning import scheduler
+from portal.notifications.services import notify_instance_stopped, notify_launch_failed
+from provisioning import health, scheduler
 from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError
 from provisioning.models import GpuAllocation, GpuHost
@@ -374,6 +375,112 @@ def start_queued(now: datetime | None = None, *, limit: int = 100) -> int:
             enqueue(tasks.provision_instance, instance_id=str(instance.id))
             started += 1
     return started
+
+
+# --- host health -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class HostsHeartbeatReport:
+    """One beat: what provisioning.health found, and what the lifecycle did about the hosts that are down."""
+
+    heartbeat: health.HeartbeatReport
+    # Running instances stopped (host_down) and launches put back in the queue, on hosts that are down.
+    stopped: list = field(default_factory=list)
+    requeued: list = field(default_factory=list)
+
+
+def hosts_heartbeat(now: datetime | None = None) -> HostsHeartbeatReport:
+    """Ping every host (provisioning.health.hosts_heartbeat), then settle the instances of every host
+    that is down (host_down_settle): the ones that went down in this beat, and any a crashed earlier beat
+    left half done. A host that came back gets a reconcile at once, which removes the containers its
+    stopped instances left there. Returns a HostsHeartbeatReport. Safe to run twice at once.
+    """
+    report = HostsHeartbeatReport(heartbeat=health.hosts_heartbeat(now=now))
+    for host_id in GpuHost.objects.filter(state=GpuHost.State.DOWN).values_list("pk", flat=True):
+        stopped, requeued = host_down_settle(host_id=host_id)
+        report.stopped += stopped
+        report.requeued += requeued
+    if report.heartbeat.came_back:
+        enqueue(tasks.reconcile)
+    return report
+
+
+def host_down_settle(*, host_id: int) -> tuple[list, list]:
+    """What a host that stopped answering means for its instances (docs/architecture.md, "Host health").
+
+    - Running ones are charged only up to the host's last_seen_at (metering.settle_until: what a tick
+      charged after it is given back), stopped with reason host_down as of that moment, and their
+      owners told. Their teardown is forced: it cannot reach the engine, so it frees the GPUs and
+      finishes without it; the reconciler removes the container once the host answers again.
+    - Queued and provisioning ones (launches that had GPUs there) give their GPUs back and go back to
+      the queue, to be placed on another host.
+
+    Returns (ids stopped, ids put back in the queue). Does nothing unless the host is down, and nothing
+    twice: the stops and the requeue are conditional moves.
+    """
+    host = GpuHost.objects.filter(pk=host_id, state=GpuHost.State.DOWN).first()
+    if host is None:
+        return [], []
+    stopped, requeued = [], []
+    live = Instance.objects.filter(host_id=host_id, state__in=transitions.STOPPABLE_STATES).order_by("created_at")
+    for instance_id, state in live.values_list("id", "state"):
+        if state == State.RUNNING:
+            if _stop_host_down(instance_id, host):
+                stopped.append(instance_id)
+        elif _requeue_off_host(instance_id, host):
+            requeued.append(instance_id)
+    if requeued:
+        _kick_queue()
+    return stopped, requeued
+
+
+def _stop_host_down(instance_id, host: GpuHost) -> bool:
+    owner_id = Instance.objects.values_list("user_id", flat=True).get(id=instance_id)
+    CreditAccount.objects.get_or_create(user_id=owner_id)
+    with transaction.atomic():
+        CreditAccount.objects.select_for_update().get(user_id=owner_id)
+        instance = Instance.objects.select_for_update(of=("self",)).select_related("user", "image").get(id=instance_id)
+        if instance.state != State.RUNNING or instance.host_id != host.pk:
+            return False
+        # Billing ends when the host was last confirmed alive (never before the instance was ready).
+        seen = host.last_seen_at or instance.metered_until or instance.ready_at
+        end = max(seen, instance.ready_at) if instance.ready_at else seen
+        metering.settle_until(instance=instance, until=end)
+        moved = transitions.stop(
+            instance,
+            reason=StopReason.HOST_DOWN,
+            message=f"Its host {host.name} stopped answering (last seen {end:%Y-%m-%d %H:%M:%S} UTC), so it "
+            "was stopped; nothing is charged after that moment.",
+            now=end,
+        )
+        if moved != State.STOPPING:
+            return False
+        notify_instance_stopped(instance=instance, reason=StopReason.HOST_DOWN)
+        transaction.on_commit(
+            lambda: enqueue(tasks.teardown_instance, instance_id=str(instance_id), force=True)
+        )
+    return True
+
+
+def _requeue_off_host(instance_id, host: GpuHost) -> bool:
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update(of=("self",)).filter(id=instance_id).first()
+        if instance is None or instance.host_id != host.pk:
+            return False
+        if instance.state == State.PROVISIONING and not transitions.requeue(instance):
+            return False
+        if instance.state != State.QUEUED:
+            return False
+        scheduler.release(instance_id=instance_id)
+        # Not a state change: the launch no longer has a host until the scheduler gives it another.
+        Instance.objects.filter(id=instance_id, state=State.QUEUED).update(host=None)
+        event_record(
+            instance=instance,
+            message=f"Its host {host.name} stopped answering before it started, so it is back in the queue "
+            "for another host. Nothing was charged.",
+        )
+    return True
 
 
 # --- reconcile -------------------------------------------------------------------------------------------

@@ -90,6 +90,24 @@ def reconcile() -> dict:
     return asdict(lifecycle.reconcile())
 
 
+@shared_task(
+    name="provisioning.heartbeat",
+    acks_late=True,
+    ignore_result=True,
+    # Pings are bounded by the heartbeat period (provisioning/health.py); settling a down host's
+    # instances is a few short transactions each.
+    soft_time_limit=max(settings.HOST_HEARTBEAT_SECONDS * 4, 60),
+    time_limit=max(settings.HOST_HEARTBEAT_SECONDS * 4, 60) + 30,
+)
+def heartbeat() -> dict:
+    report = lifecycle.hosts_heartbeat()
+    return {
+        **asdict(report.heartbeat),
+        "stopped": [str(i) for i in report.stopped],
+        "requeued": [str(i) for i in report.requeued],
+    }
+
+
 @shared_task(name="provisioning.start_queued", acks_late=True, ignore_result=True)
 def start_queued() -> int:
     return lifecycle.start_queued()

@@ -390,6 +390,13 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": RECONCILE_SECONDS},
     },
 }
+# Host health (provisioning/health.py, portal/instances/lifecycle.py hosts_heartbeat): every beat pings each
+# host's engine; the instances of a host that went down are settled at its last heartbeat and stopped.
+CELERY_BEAT_SCHEDULE["host-heartbeat"] = {
+    "task": "provisioning.heartbeat",
+    "schedule": float(HOST_HEARTBEAT_SECONDS),
+    "options": {"expires": HOST_HEARTBEAT_SECONDS},
+}
 # How often beat records a capacity sample (GPUs allocated/total, launch queue) for the console's charts.
 CONSOLE_SAMPLE_SECONDS = env.int("CONSOLE_SAMPLE_SECONDS", default=300)
 CELERY_BEAT_SCHEDULE["console-sample"] = {"task": "console.record_sample", "schedule": float(CONSOLE_SAMPLE_SECONDS)}
