@@ -11,6 +11,7 @@ read through the same nginx.
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -35,6 +36,9 @@ from .kit import REPO, environment, exec_start, nginx_conf, nginx_site, self_sig
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("nginx") is None, reason="nginx is not installed (scripts/test-services.sh installs it)"
+    ),
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(900, func_only=True),
 ]
