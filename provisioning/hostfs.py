@@ -99,7 +99,8 @@ def helper_image() -> str:
         return configured
     from portal.instances.catalog import image_reference
 
-    return image_reference("cpu")
+    # Under IMAGE_REGISTRY a new host pulls it from there before its first discovery.
+    return image_reference("cpu", registry=getattr(settings, "IMAGE_REGISTRY", ""))
 
 
 # --- Reading ------------------------------------------------------------------------------------------
@@ -310,7 +311,12 @@ def _run_helper(host, mode: str, arguments: list[str], *, dev: bool) -> str:
                 entrypoint=["sh", "-c", HELPER_SCRIPT, "devcloud-hostfs"],
                 command=[mode, root, *arguments],
                 name=f"devcloud-hostfs-{uuid.uuid4().hex[:12]}",
-                labels={"devcloud.helper": "hostfs", "devcloud.portal": settings.DEVCLOUD_PORTAL_ID},
+                # Not devcloud.managed: the reconciler's instance containers are something else.
+                labels={
+                    "devcloud.helper": "hostfs",
+                    "devcloud.helper.reads": mode,
+                    "devcloud.portal": settings.DEVCLOUD_PORTAL_ID,
+                },
                 user=HELPER_USER,
                 network_mode="none",
                 read_only=True,

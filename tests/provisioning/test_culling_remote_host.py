@@ -22,12 +22,16 @@ from .test_remote_host import host_root, launch, remote_host, set_gpu_busy  # no
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
 
-def helpers_started(since, portal_id) -> int:
-    """How many helper containers the engine started for this portal since `since` (a datetime)."""
+def busy_readers_started(since, portal_id) -> int:
+    """How many helper containers reading gpu_busy_percent the engine started for this portal since `since`."""
     events = docker_client().events(
         since=since,
         until=timezone.now() + timedelta(seconds=1),
-        filters={"type": "container", "event": "start", "label": [f"devcloud.portal={portal_id}", "devcloud.helper=hostfs"]},
+        filters={
+            "type": "container",
+            "event": "start",
+            "label": [f"devcloud.portal={portal_id}", "devcloud.helper=hostfs", "devcloud.helper.reads=busy"],
+        },
         decode=True,
     )
     return sum(1 for _ in events)
@@ -46,6 +50,7 @@ def test_it_counts_a_busy_gpu_on_a_remote_host_as_use_when_culling(
     Instance.objects.filter(pk=instance.pk).update(
         state=Instance.State.RUNNING, ready_at=timezone.now(), driver_state={"endpoint": result.endpoint}
     )
+    test_began = timezone.now() - timedelta(seconds=2)
     later = timezone.now() + timedelta(minutes=61)
 
     # Idle on JupyterLab and on the GPU, as the host reads it: past the idle time, the owner is warned.
@@ -53,14 +58,14 @@ def test_it_counts_a_busy_gpu_on_a_remote_host_as_use_when_culling(
         idle = culling.cull_idle(later)
 
     assert (idle.checked, idle.busy, idle.warned) == (1, 0, 1)
+    # Read on the host, by a helper container its engine ran for the round.
+    assert busy_readers_started(test_began, docker_portal) == 1
 
     # A job from a shell keeps the GPU busy: the host says so through its engine, and the instance is kept.
     set_gpu_busy(host_root, 152, 80)
-    round_began = timezone.now() - timedelta(seconds=1)
     with django_capture_on_commit_callbacks(execute=True):
         busy = culling.cull_idle(later)
 
     assert (busy.checked, busy.busy, busy.warned, busy.stopped) == (1, 1, 0, 0)
     assert InstanceEvent.objects.filter(instance=instance, message__startswith="GPUs busy (80%)").exists()
-    # Read on the host, by one helper container its engine ran for the round.
-    assert helpers_started(round_began, docker_portal) == 1
+    assert busy_readers_started(test_began, docker_portal) == 2

@@ -22,7 +22,7 @@ from provisioning.models import GpuHost, ImageJob
 from tests.support.docker_instances import LOCAL_ENGINE, docker_client
 from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
 
-from .test_hosts import closed_port
+from .test_hosts import closed_port, unreachable_tls_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
@@ -90,9 +90,10 @@ def test_the_host_page_lists_catalogue_images_as_present_or_missing(olivia_clien
     assert f"<code>{older}</code>" in earlier and cpu_image not in earlier
 
 
-def test_the_host_page_says_why_it_cannot_list_images_of_an_engine_that_does_not_answer(olivia_client, db):
-    url = f"tcp://127.0.0.1:{closed_port()}"
-    host = make_host("gpu-gone", docker_url=url)
+def test_the_host_page_says_why_it_cannot_list_images_of_an_engine_that_does_not_answer(olivia_client, db, host_pki):
+    engine = unreachable_tls_engine(host_pki)
+    url = engine["docker_url"]
+    host = GpuHost.objects.create(name="gpu-gone", **engine)
 
     page = host_page(olivia_client, host)
 
