@@ -208,6 +208,7 @@ def stack(transactional_db, portal_id, cpu_catalog, gpu_host, tmp_path):  # noqa
                 capture_output=True,
                 text=True,
                 timeout=300,
+                check=False,
             )
             assert done.returncode == 0, done.stdout + done.stderr
 
