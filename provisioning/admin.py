@@ -118,7 +118,16 @@ class GpuInline(admin.TabularInline):
     """The host's GPUs as discovery last saw them. Read-only: only discovery writes them."""
 
     model = Gpu
-    fields = ["node_id", "gpu_id", "render_minor", "render_gid", "pci_address", "unique_id", "vram_gb", "is_present"]
+    fields = [
+        "node_id",
+        "gpu_id",
+        "render_minor",
+        "render_gid",
+        "pci_address",
+        "unique_id",
+        "vram_gb",
+        "is_present",
+    ]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -242,7 +251,15 @@ def _live_on(host):
 @admin.register(GpuHost)
 class GpuHostAdmin(admin.ModelAdmin):
     form = GpuHostForm
-    list_display = ["name", "state", "docker_url", "private_address", "gpus_used", "last_seen_at", "short_error"]
+    list_display = [
+        "name",
+        "state",
+        "docker_url",
+        "private_address",
+        "gpus_used",
+        "last_seen_at",
+        "short_error",
+    ]
     list_filter = ["state"]
     search_fields = ["name", "docker_url"]
     readonly_fields = ["gpu_map", "kfd_gid", "last_seen_at", "last_error", "created_at"]
@@ -513,7 +530,9 @@ class GpuHostAdmin(admin.ModelAdmin):
 
     # Both write to the host (its GPU rows, last_seen_at, last_error), so both are audited, failures too.
 
-    @admin.action(description="Discover GPUs (read KFD sysfs)", permissions=["discover"])
+    @admin.action(
+        description="Discover GPUs (KFD sysfs and device groups, through the engine)", permissions=["discover"]
+    )
     def discover_gpus(self, request, queryset):
         for host in queryset:
             try:

@@ -106,9 +106,9 @@ def private_address_for(*, docker_url: str, private_address: str | None) -> str:
             return "127.0.0.1"
         if not is_this_machines_address(address):
             raise EngineSettingsError(
-                "Refused: a unix:// socket reaches the Docker engine of the machine the portal and its worker "
-                f"run on, so it can only register this machine, and {address} is not one of its addresses. "
-                "Register another machine as tcp://<its address>:2376 with mutual TLS."
+                "Refused: a unix:// socket reaches the Docker engine of the machine the portal and its "
+                f"worker run on, so it can only register this machine, and {address} is not one of its "
+                "addresses. Register another machine as tcp://<its address>:2376 with mutual TLS."
             )
         return address
     if not address:
@@ -136,7 +136,10 @@ def build_client(
     written to the database by hand, is never reached that way either.
     """
     refuse_insecure_endpoint(
-        docker_url=docker_url, tls_ca_cert=tls_ca_cert, tls_client_cert=tls_client_cert, tls_client_key=tls_client_key
+        docker_url=docker_url,
+        tls_ca_cert=tls_ca_cert,
+        tls_client_cert=tls_client_cert,
+        tls_client_key=tls_client_key,
     )
     tls = None
     if has_tls(tls_ca_cert=tls_ca_cert, tls_client_cert=tls_client_cert, tls_client_key=tls_client_key):

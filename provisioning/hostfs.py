@@ -136,14 +136,15 @@ def instances_gpu_busy(instance_ids) -> dict:
     """
     from .models import GpuAllocation
 
-    rows = GpuAllocation.objects.filter(instance_id__in=instance_ids, released_at__isnull=True).select_related(
-        "gpu__host"
-    )
+    rows = GpuAllocation.objects.filter(
+        instance_id__in=instance_ids, released_at__isnull=True
+    ).select_related("gpu__host")
     hosts, held = {}, {}
     for allocation in rows:
         host = allocation.gpu.host
         hosts[host.pk] = host
-        held.setdefault(host.pk, {}).setdefault(allocation.instance_id, []).append(allocation.gpu.render_minor)
+        minors = held.setdefault(host.pk, {}).setdefault(allocation.instance_id, [])
+        minors.append(allocation.gpu.render_minor)
     percents: dict = {}
     for host_id, by_instance in held.items():
         host = hosts[host_id]
@@ -240,12 +241,16 @@ def _parse(output: str, host) -> tuple[dict[str, str], dict[str, int], dict[int,
 
 @contextmanager
 def _client(host):
-    tls = dict(tls_ca_cert=host.tls_ca_cert, tls_client_cert=host.tls_client_cert, tls_client_key=host.tls_client_key)
+    tls = dict(
+        tls_ca_cert=host.tls_ca_cert, tls_client_cert=host.tls_client_cert, tls_client_key=host.tls_client_key
+    )
     pem_dir = tempfile.mkdtemp(prefix="devcloud-hostfs-") if has_tls(**tls) else None
     client = None
     try:
         try:
-            client = build_client(docker_url=host.docker_url, timeout=API_TIMEOUT_SECONDS, pem_dir=pem_dir, **tls)
+            client = build_client(
+                docker_url=host.docker_url, timeout=API_TIMEOUT_SECONDS, pem_dir=pem_dir, **tls
+            )
         except EngineSettingsError as error:
             raise HostFilesError(f"Host {host.name}: {error}") from error
         yield client
@@ -346,7 +351,9 @@ def _run_helper(host, mode: str, arguments: list[str], *, dev: bool) -> str:
                     f"Host {host.name} has no {explanation.rsplit(':', 1)[-1].strip()}: is the amdgpu driver "
                     "loaded, and are the host's sysfs and device roots right?"
                 ) from error
-            raise HostFilesError(f"The Docker engine of host {host.name} refused the helper: {explanation}") from error
+            raise HostFilesError(
+                f"The Docker engine of host {host.name} refused the helper: {explanation}"
+            ) from error
         except (docker.errors.DockerException, requests.RequestException, OSError) as error:
             raise HostFilesError(
                 f"Cannot reach the Docker engine of host {host.name} ({host.docker_url}): {error}"

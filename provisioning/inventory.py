@@ -193,7 +193,9 @@ def inventory_from(tree) -> list[GpuInfo]:
             f"No KFD topology at {tree.describe(nodes_dir)}: is the amdgpu driver loaded, and is the sysfs "
             "root right?"
         )
-    node_dirs = sorted((int(name), f"{nodes_dir}/{name}") for name in tree.children(nodes_dir) if name.isdigit())
+    node_dirs = sorted(
+        (int(name), f"{nodes_dir}/{name}") for name in tree.children(nodes_dir) if name.isdigit()
+    )
     if not node_dirs:
         raise InventoryError(f"KFD topology at {tree.describe(nodes_dir)} lists no nodes")
 
