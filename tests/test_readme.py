@@ -28,3 +28,12 @@ def test_every_environment_variable_the_settings_read_has_a_row_in_the_readme_ta
 
 def test_the_settings_really_read_variables_so_the_check_above_checks_something():
     assert {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"} <= settings_variables()
+
+
+def test_every_file_the_readme_cites_is_in_the_repository():
+    text = (ROOT / "README.md").read_text()
+    cited = set(re.findall(r"`((?:tests|portal|provisioning|docs|deploy|scripts|containers|benchmarks)/[\w./-]+?)(?:::\w+)?`", text))
+    missing = sorted(path for path in cited if not (ROOT / path).exists())
+
+    assert cited, "the README cites no files: the pattern above is wrong"
+    assert not missing, f"README.md cites files that do not exist: {', '.join(missing)}"
