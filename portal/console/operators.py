@@ -39,17 +39,19 @@ OPERATOR_PERMISSIONS = (
     "console.view_auditentry",
     "console.view_capacitysample",
     "notifications.view_notification",
+    "sshgateway.view_sshsession",
 )
 
 
-def operators_group_seed(Group, Permission):
-    """Create the "Operators" group if it is missing and give it exactly OPERATOR_PERMISSIONS.
+def operators_group_seed(Group, Permission, permissions=OPERATOR_PERMISSIONS):
+    """Create the "Operators" group if it is missing and give it exactly `permissions` (OPERATOR_PERMISSIONS;
+    a migration passes the list as it was when it was written).
 
     Takes the Group and Permission models (historical ones in a migration). Returns the group.
     Raises LookupError naming any permission that does not exist, so a renamed model or action
     is noticed instead of silently dropped.
     """
-    wanted = {tuple(name.split(".", 1)) for name in OPERATOR_PERMISSIONS}
+    wanted = {tuple(name.split(".", 1)) for name in permissions}
     found = {
         (permission.content_type.app_label, permission.codename): permission
         for permission in Permission.objects.select_related("content_type").filter(

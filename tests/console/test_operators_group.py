@@ -49,3 +49,10 @@ def test_the_migrated_group_cannot_grant_power_or_set_passwords(db, alice):
     user.refresh_from_db()
     assert not user.is_superuser
     assert browser.get("/admin/console/auditentry/").status_code == 200
+
+
+def test_an_operator_reads_the_ssh_session_list_but_cannot_change_it(otto_client, otto):
+    assert otto.has_perm("sshgateway.view_sshsession")
+    assert not otto.has_perm("sshgateway.change_sshsession")
+
+    assert otto_client.get("/admin/sshgateway/sshsession/").status_code == 200

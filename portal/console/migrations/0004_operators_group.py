@@ -4,7 +4,10 @@ users, groups or permissions (see portal.console.operators)."""
 from django.contrib.auth.management import create_permissions
 from django.db import migrations
 
-from portal.console.operators import operators_group_seed
+from portal.console.operators import OPERATOR_PERMISSIONS, operators_group_seed
+
+# The list as this migration first gave it; later migrations add what came after.
+PERMISSIONS_THEN = tuple(name for name in OPERATOR_PERMISSIONS if not name.startswith("sshgateway."))
 
 
 def seed(apps, schema_editor):
@@ -13,7 +16,7 @@ def seed(apps, schema_editor):
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = None
-    operators_group_seed(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"))
+    operators_group_seed(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"), PERMISSIONS_THEN)
 
 
 def unseed(apps, schema_editor):
