@@ -10,6 +10,7 @@ The clone shares this checkout's .venv (a symlink), so `make run` finds its depe
 goes straight to scripts/run.py; PYTHONPATH makes the clone's own code the code that runs.
 """
 
+import hashlib
 import os
 import re
 import signal
@@ -90,8 +91,11 @@ class MakeRun:
             NO_COLOR="1",
             **extra_env,
         )
+        # The clone's .venv is this checkout's; `-o <stamp>` keeps make from reinstalling into it from the
+        # clone (an editable install would then point at the clone, which the test deletes).
+        stamp = hashlib.sha256((clone / "pyproject.toml").read_bytes() + (clone / "constraints.txt").read_bytes())
         self.proc = subprocess.Popen(
-            ["make", "--no-print-directory", "run"],
+            ["make", "--no-print-directory", "-o", f".venv/.installed-{stamp.hexdigest()[:12]}", "run"],
             cwd=clone,
             env=env,
             stdin=subprocess.DEVNULL,
