@@ -10,9 +10,10 @@ volume is moved:
   2. on the destination engine, the volume is made, a second helper mounts it, and the same chunks are
      fed to its archive API as they arrive (a pipe: the tar is never held whole in memory);
   3. both sides count files and bytes and digest names, modes, owners and contents inside short-lived
-     helpers (find | sort | sha256sum); only when the two agree does Workspace point at the new host and
-     the old volume go. On a mismatch the launch fails with the reason, the source volume is kept, the
-     half-made copy removed, and nothing is charged (an instance that never turned ready is never metered).
+     helpers (find | sort | sha256sum; the source's digest runs on its host while the bytes stream);
+     only when the two agree does Workspace point at the new host and the old volume go. On a mismatch
+     the launch fails with the reason, the source volume is kept, the half-made copy removed, and
+     nothing is charged (an instance that never turned ready is never metered).
 
 Helpers are hardened: no network, read-only root filesystem, all capabilities dropped (reading uses
 only DAC_READ_SEARCH, so files uid 1000 made unreadable still count), no-new-privileges, small memory and
@@ -33,12 +34,14 @@ on beat retries the hosts that did not answer.
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
 import docker
 import docker.errors
 import requests.exceptions
+from django.conf import settings
 from django.db import transaction
 from docker.types import Mount
 
@@ -60,14 +63,19 @@ PROGRESS_EVERY_SECONDS = 2.0
 HELPER_TIMEOUT = 3600
 HELPER_LABEL = "devcloud.helper"
 
-# Prints: files bytes entries tar_estimate / metadata digest / content digest, for ./ minus EXCLUDE.
-# The tar estimate (a header per entry, contents in 512-byte blocks) only scales the progress shown.
-_TALLY = r"""
+# What a tally runs, for ./ minus the top-level folder EXCLUDE. _COUNT prints files, bytes, entries and a
+# tar size estimate (a header per entry, contents in 512-byte blocks; it only scales the progress shown);
+# _DIGEST prints a digest of names, types, modes, owners and link targets, then one of the contents.
+_FIND = r"""
 set -eu
 cd /workspace
 skip() { if [ -n "$EXCLUDE" ]; then find . -path "./$EXCLUDE" -prune -o "$@"; else find . "$@"; fi; }
+"""
+_COUNT = r"""
 skip -printf '%y %s\n' | awk '{e++; t+=512; if ($1=="f") {n++; b+=$2; t+=int(($2+511)/512)*512}}
   END {printf "%d %d %d %d\n", n, b, e, t+1024}'
+"""
+_DIGEST = r"""
 skip -printf '%y %m %U:%G %l %p\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1
 skip -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum | sha256sum | cut -d' ' -f1
 """
@@ -135,7 +143,8 @@ def _helper(client, image: str, volume: str, *, writable: bool, script="", envir
         command=[],
         user=user,
         environment=environment or {},
-        labels={HELPER_LABEL: "workspace"},
+        # Not devcloud.managed: the reconciler's instance containers are something else.
+        labels={HELPER_LABEL: "workspace", "devcloud.portal": settings.DEVCLOUD_PORTAL_ID},
         network_mode="none",
         read_only=True,
         cap_drop=["ALL"],
@@ -148,7 +157,7 @@ def _helper(client, image: str, volume: str, *, writable: bool, script="", envir
     )
 
 
-def _run_helper(client, image: str, volume: str, script: str, *, writable=False, environment=None, user="0:0"):
+def _run_helper(client, image, volume, script, *, writable=False, environment=None, user="0:0"):
     """Runs `script` in a helper and returns its output. Raises RuntimeError with its output on failure."""
     container = _helper(
         client, image, volume, writable=writable, script=script, environment=environment, user=user
@@ -167,9 +176,18 @@ def _run_helper(client, image: str, volume: str, script: str, *, writable=False,
 
 def tally(client, image: str, volume: str, *, exclude: str = "") -> Tally:
     """Counts and digests the files in `volume` (minus the top-level folder `exclude`), inside a helper."""
-    lines = _run_helper(client, image, volume, _TALLY, environment={"EXCLUDE": exclude}).split()
-    files, n_bytes, entries, estimate, metadata, content = lines
+    output = _run_helper(client, image, volume, _FIND + _COUNT + _DIGEST, environment={"EXCLUDE": exclude})
+    files, n_bytes, entries, estimate, metadata, content = output.split()
     return Tally(int(files), int(n_bytes), int(entries), int(estimate), metadata, content)
+
+
+def _count(client, image: str, volume: str) -> list[int]:
+    output = _run_helper(client, image, volume, _FIND + _COUNT, environment={"EXCLUDE": ""})
+    return [int(n) for n in output.split()]
+
+
+def _digests(client, image: str, volume: str) -> list[str]:
+    return _run_helper(client, image, volume, _FIND + _DIGEST, environment={"EXCLUDE": ""}).split()
 
 
 def volume_exists(client, volume: str) -> bool:
@@ -206,10 +224,15 @@ def volume_copy(
     began = time.monotonic()
     report = progress or (lambda moved, total: None)
     try:
-        expected = tally(source_client, source_image, source_volume)
+        counted = _count(source_client, source_image, source_volume)
         source_helper = _helper(source_client, source_image, source_volume, writable=False)
     except (docker.errors.DockerException, requests.exceptions.RequestException, RuntimeError) as error:
         raise SourceUnavailable(str(getattr(error, "explanation", None) or error)) from error
+    # The source's digests are read on the source host while the bytes stream, off the move's critical
+    # path: nothing writes to the volume meanwhile (workspace_prepare moves only a volume nobody mounts).
+    pool = ThreadPoolExecutor(max_workers=1)
+    source_digests = pool.submit(_digests, source_client, source_image, source_volume)
+    expected = Tally(*counted, "", "")
     try:
         set_aside = ""
         if not volume_exists(dest_client, dest_volume):
@@ -228,6 +251,8 @@ def volume_copy(
             dest_helper.remove(force=True)
     finally:
         source_helper.remove(force=True)
+        pool.shutdown(wait=True)
+    expected = Tally(*counted, *source_digests.result())
     if before_verify is not None:
         before_verify(dest_client, dest_volume)
     arrived = tally(dest_client, dest_image, dest_volume, exclude=set_aside)
@@ -268,15 +293,19 @@ def _differences(expected: Tally, arrived: Tally) -> list[str]:
 
 
 def helper_image(client, preferred: str) -> str:
-    """`preferred` when the engine has it, else a catalogue image (labelled devcloud.image) it has.
+    """`preferred` when the engine has it, else the discovery helpers' image (provisioning/hostfs.py),
+    else any catalogue image (labelled devcloud.image) it has.
 
-    Raises LookupError when it has neither.
+    Raises LookupError when it has none of them.
     """
-    try:
-        client.images.get(preferred)
-        return preferred
-    except docker.errors.ImageNotFound:
-        pass
+    from .hostfs import helper_image as discovery_helper_image
+
+    for reference in (preferred, discovery_helper_image()):
+        try:
+            client.images.get(reference)
+            return reference
+        except docker.errors.ImageNotFound:
+            pass
     for image in client.images.list(filters={"label": "devcloud.image"}):
         if image.tags:
             return image.tags[0]
@@ -367,6 +396,10 @@ def workspace_prepare(*, driver, instance, progress=None) -> str:
     except Exception as error:
         if created:
             _remove_quietly(dest_client, target)
+        if isinstance(error, RuntimeError):
+            # A helper failed (a disk filled up, the source went away mid-move): worth another try.
+            message = f"Moving the workspace to {host.name} failed: {error}"
+            raise DriverError(message, permanent=False) from error
         raise driver._api_error(error, "moving the workspace") from error
     _point(workspace, host=host, n_bytes=result.bytes, volume=target)
     kept = f" Files this host already had are in /workspace/{result.set_aside}." if result.set_aside else ""

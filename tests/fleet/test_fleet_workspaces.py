@@ -125,10 +125,13 @@ def volumes_of(fleet, host: GpuHost, portal_id: str) -> list[str]:
 
 def containers_of(fleet, host: GpuHost, portal_id: str) -> list[str]:
     client = fleet_host(fleet, host).client()
-    return [c.name for c in client.containers.list(all=True, filters={"label": f"devcloud.portal={portal_id}"})]
+    label = {"label": f"devcloud.portal={portal_id}"}
+    return [c.name for c in client.containers.list(all=True, filters=label)]
 
 
-def test_it_brings_a_file_written_on_one_host_to_the_next_launch_on_the_other(fleet, hosts, launch, portal, alice):
+def test_it_brings_a_file_written_on_one_host_to_the_next_launch_on_the_other(
+    fleet, hosts, launch, portal, alice
+):
     host_a, host_b = hosts
     first = launch(on=host_a)
     sh(fleet, first, "mkdir -p /workspace/thesis && echo 'chapter one' > /workspace/thesis/draft.md")
@@ -159,7 +162,8 @@ def test_it_fails_the_launch_and_keeps_the_files_when_the_copy_does_not_arrive_w
     def tamper(client, volume):
         client.containers.run(
             image_of(first), entrypoint=["sh", "-c", "echo forged >> /workspace/results.csv"],
-            mounts=[{"Target": "/workspace", "Source": volume, "Type": "volume"}], network_mode="none", remove=True,
+            mounts=[{"Target": "/workspace", "Source": volume, "Type": "volume"}],
+            network_mode="none", remove=True,
         )  # fmt: skip
 
     monkeypatch.setattr(workspaces, "before_verify_hook", tamper)
@@ -171,7 +175,8 @@ def test_it_fails_the_launch_and_keeps_the_files_when_the_copy_does_not_arrive_w
     assert "file contents differ" in second.failure_reason
     assert f"untouched on {host_a.name}" in second.failure_reason
     assert second.ready_at is None and second.metered_until is None
-    assert not LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE, reason__contains=second.short_id).exists()
+    usage = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE, reason__contains=second.short_id)
+    assert not usage.exists()
     assert Workspace.objects.get(user=alice).host == host_a
     assert volumes_of(fleet, host_a, portal) == [volume_name(alice.pk)]
     assert volumes_of(fleet, host_b, portal) == []
@@ -184,7 +189,9 @@ def image_of(instance) -> str:
     return instance.image.reference
 
 
-def test_it_starts_without_the_files_when_their_host_does_not_answer_and_says_so(fleet, hosts, launch, portal, alice):
+def test_it_starts_without_the_files_when_their_host_does_not_answer_and_says_so(
+    fleet, hosts, launch, portal, alice
+):
     host_a, host_b = hosts
     first = launch(on=host_a)
     sh(fleet, first, "echo 'kept' > /workspace/kept.txt")
@@ -206,7 +213,9 @@ def test_it_starts_without_the_files_when_their_host_does_not_answer_and_says_so
     assert Workspace.objects.get(user=alice).host == host_b
 
 
-def test_deleting_the_account_removes_its_containers_and_volumes_on_every_host(fleet, hosts, launch, portal, alice):
+def test_deleting_the_account_removes_its_containers_and_volumes_on_every_host(
+    fleet, hosts, launch, portal, alice
+):
     host_a, host_b = hosts
     on_a = launch(on=host_a)
     # The workspace is in use on host A, so the launch on B gets B's own volume: one on each host.

@@ -25,7 +25,9 @@ chmod 600 notebooks/.env
 ln -s ../data/weights.bin notebooks/weights
 """
 
-LIST = "cd /workspace && find . -printf '%y %m %U:%G %s %p %l\\n' | LC_ALL=C sort && sha256sum data/weights.bin"
+LIST = (
+    "cd /workspace && find . -printf '%y %m %U:%G %s %p %l\\n' | LC_ALL=C sort && sha256sum data/weights.bin"
+)
 
 
 @pytest.fixture
@@ -77,11 +79,16 @@ def test_it_moves_files_folders_modes_and_owner_intact(engine, docker_portal, cp
     assert engine.volumes.get(dest).attrs["Labels"]["devcloud.portal"] == docker_portal
 
 
-def test_it_reports_progress_from_nothing_to_everything(engine, docker_portal, cpu_image, source, monkeypatch):
+def test_it_reports_progress_from_nothing_to_everything(
+    engine, docker_portal, cpu_image, source, monkeypatch
+):
     monkeypatch.setattr("provisioning.workspaces.PROGRESS_EVERY_SECONDS", 0.0)
     reports = []
 
-    copy(engine, cpu_image, source, f"{docker_portal}-dest", progress=lambda moved, total: reports.append((moved, total)))
+    copy(
+        engine, cpu_image, source, f"{docker_portal}-dest",
+        progress=lambda moved, total: reports.append((moved, total)),
+    )  # fmt: skip
 
     total = 50 * MB + 7 + 15
     assert reports[0] == (0, total)
@@ -90,7 +97,9 @@ def test_it_reports_progress_from_nothing_to_everything(engine, docker_portal, c
     assert [moved for moved, _ in reports] == sorted(moved for moved, _ in reports)
 
 
-def test_it_refuses_a_copy_changed_before_the_check_and_keeps_the_source(engine, docker_portal, cpu_image, source):
+def test_it_refuses_a_copy_changed_before_the_check_and_keeps_the_source(
+    engine, docker_portal, cpu_image, source
+):
     before = tally(engine, cpu_image, source)
 
     def tamper(client, volume):

@@ -21,11 +21,14 @@ def engine(docker_portal):
 
 
 def volumes_of(engine, user):
-    return [v.name for v in engine.volumes.list(filters={"label": f"devcloud.user={user.pk}"})
-            if v.attrs["Labels"].get("devcloud.portal") == volume_labels(user.pk)["devcloud.portal"]]  # fmt: skip
+    portal = volume_labels(user.pk)["devcloud.portal"]
+    volumes = engine.volumes.list(filters={"label": f"devcloud.user={user.pk}"})
+    return [v.name for v in volumes if v.attrs["Labels"].get("devcloud.portal") == portal]
 
 
-def test_it_removes_the_volumes_on_hosts_that_answer_and_retries_the_others_until_done(db, engine, alice, bob):
+def test_it_removes_the_volumes_on_hosts_that_answer_and_retries_the_others_until_done(
+    db, engine, alice, bob
+):
     here = GpuHost.objects.create(name="gpu-here", docker_url=LOCAL_ENGINE)
     away = GpuHost.objects.create(name="gpu-away", docker_url=UNREACHABLE)
     GpuHost.objects.create(name="gpu-retired", docker_url=UNREACHABLE, state=GpuHost.State.RETIRED)
@@ -62,5 +65,6 @@ def test_deleting_an_account_records_a_removal_for_every_host_in_service(db, ali
 
     account_delete(user=alice)
 
-    assert set(WorkspaceRemoval.objects.filter(user=alice).values_list("host_id", flat=True)) == {h.pk for h in hosts}
+    recorded = WorkspaceRemoval.objects.filter(user=alice).values_list("host_id", flat=True)
+    assert set(recorded) == {host.pk for host in hosts}
     assert not Workspace.objects.filter(user=alice).exists()
