@@ -41,6 +41,8 @@ PROGRESS_WRITE_SECONDS = 0.5
 STALE_AFTER = timedelta(minutes=15)
 
 BUILD_STEP = re.compile(r"^Step (?P<step>\d+)/(?P<steps>\d+)\b")
+# The docker driver's summary of a pull (PullProgress): "Pull 42% of <reference>".
+PULL_PERCENT = re.compile(r"^Pull (?P<percent>\d+)% of ")
 
 
 # --- What a host has ------------------------------------------------------------------------------------
@@ -199,8 +201,9 @@ def _enqueue(job: ImageJob) -> None:
 
 
 class _ProgressWriter:
-    """The progress callback: keeps the last PROGRESS_LINES lines and the build step, written at most
-    every PROGRESS_WRITE_SECONDS (and at every new build step) onto the running job."""
+    """The progress callback: keeps the last PROGRESS_LINES lines and the build step (or a pull's
+    percent), written at most every PROGRESS_WRITE_SECONDS (and at every new build step) onto the
+    running job."""
 
     def __init__(self, job_id: int):
         self.job_id = job_id
@@ -209,9 +212,14 @@ class _ProgressWriter:
         self.written_at = 0.0
 
     def __call__(self, text: str) -> None:
-        for line in str(text).splitlines():
-            if line.strip():
-                self.lines.append(line[:PROGRESS_LINE_CHARS])
+        pulled = PULL_PERCENT.match(str(text).strip())
+        if pulled:
+            # A pull's running total: shown as the job's percent, not as one more line of output.
+            self.percent = min(99, int(pulled["percent"]))
+        else:
+            for line in str(text).splitlines():
+                if line.strip():
+                    self.lines.append(line[:PROGRESS_LINE_CHARS])
         step = BUILD_STEP.match(str(text).strip())
         if step:
             # Step n of m has just begun: n - 1 are done.

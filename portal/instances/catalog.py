@@ -132,9 +132,11 @@ class Catalog:
             sha.update(f"arg\0{arg}={value}\0".encode())
         return sha.hexdigest()[:HASH_LENGTH]
 
-    def reference(self, key: str) -> str:
-        """The reference hosts run for `key`, e.g. "devcloud/cpu:3f2a9c1e0b7d"."""
-        return f"{self.image(key).repository}:{self.digest(key)}"
+    def reference(self, key: str, *, registry: str = "") -> str:
+        """The reference hosts run for `key`, e.g. "devcloud/cpu:3f2a9c1e0b7d", or with `registry` (a
+        registry's host[:port], the IMAGE_REGISTRY setting) "registry.internal:5000/devcloud/cpu:3f2a...",
+        which hosts pull from there. A repository that names its own registry keeps it."""
+        return f"{registry_qualified(self.image(key).repository, registry)}:{self.digest(key)}"
 
     def build_context(self, key: str, *, ca_bundle: Path | None = None) -> bytes:
         """Returns `key`'s build context as an uncompressed tar, Dockerfile at its root.
@@ -328,9 +330,20 @@ def _kind_name(kind) -> str:
     return {str: "a string", list: "a list", bool: "true or false", int: "a whole number"}[kind]
 
 
-def image_reference(key: str, *, path: Path | str | None = None) -> str:
-    """The hash-tagged reference of catalogue image `key`. Raises CatalogError."""
-    return load_catalog(path).reference(key)
+def registry_qualified(repository: str, registry: str) -> str:
+    """`repository` under `registry` ("host:port" or "host/path"), unless it already names a registry
+    (its first part has a "." or ":", or is "localhost", as Docker reads it) or `registry` is empty."""
+    registry = (registry or "").strip().rstrip("/")
+    first, slash, _ = repository.partition("/")
+    if not registry or (slash and ("." in first or ":" in first or first == "localhost")):
+        return repository
+    return f"{registry}/{repository}"
+
+
+def image_reference(key: str, *, path: Path | str | None = None, registry: str = "") -> str:
+    """The hash-tagged reference of catalogue image `key`, under `registry` when given. Raises
+    CatalogError."""
+    return load_catalog(path).reference(key, registry=registry)
 
 
 # --- Loading into the database ----------------------------------------------------------------------
@@ -359,18 +372,23 @@ class SyncReport:
         return lines
 
 
-def catalog_sync(*, path: Path | str | None = None) -> SyncReport:
+def catalog_sync(*, path: Path | str | None = None, registry: str | None = None) -> SyncReport:
     """Loads the catalogue into the Image table, in one transaction. Returns a SyncReport.
 
     Images are created or updated by key; an image that left the catalogue is disabled (never deleted:
-    instances refer to it). Running it again with the same catalogue changes nothing.
+    instances refer to it). Running it again with the same catalogue changes nothing. References are
+    under `registry`, by default the IMAGE_REGISTRY setting (empty: bare "devcloud/<key>:<hash>", for
+    engines that build or load their images).
     Raises CatalogError before touching the database when the catalogue is invalid.
     """
     # Imported here so the tag computation above runs without Django (see the module docstring).
+    from django.conf import settings
     from django.db import transaction
 
     from portal.instances.models import Image
 
+    if registry is None:
+        registry = getattr(settings, "IMAGE_REGISTRY", "")
     catalog = load_catalog(path)
     wanted = {}
     for key, entry in catalog.images.items():
@@ -379,7 +397,7 @@ def catalog_sync(*, path: Path | str | None = None) -> SyncReport:
             "description": entry.description,
             "frameworks": list(entry.frameworks),
             "sizes": list(entry.sizes),
-            "reference": catalog.reference(key),
+            "reference": catalog.reference(key, registry=registry),
             "build_context": entry.context,
             "is_default": entry.default,
             "is_enabled": entry.enabled,

@@ -244,6 +244,11 @@ SIGNUP_GRANT_OPEN_UNTIL = env("SIGNUP_GRANT_OPEN_UNTIL", default="")
 # "docker" runs instances as containers on each host's Docker engine; "local" runs JupyterLab as a
 # subprocess with no GPU isolation (for `make run` on a machine without Docker).
 DEVCLOUD_DRIVER = env("DEVCLOUD_DRIVER", default="docker")
+# A registry's host[:port] (e.g. "registry.internal:5000") that serves the catalogue's images: when set,
+# `manage.py sync_images` stores every image as <registry>/devcloud/<key>:<hash>, so a host that lacks an
+# image pulls it from there (a newly added host gets them all that way). Empty: images are built or loaded
+# on each engine under their bare names, as `make run` does. See docs/architecture.md, "Images on hosts".
+IMAGE_REGISTRY = env("IMAGE_REGISTRY", default="")
 # Labels every container with this id, so portals sharing a Docker engine never touch each other's.
 DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="devcloud")
 # Seconds one Docker Engine API call may take before the host counts as unreachable.

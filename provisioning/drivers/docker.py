@@ -148,9 +148,12 @@ class DockerDriver(Driver):
                 # The SDK wants files. Private ones, removed with the driver.
                 self._tls_dir = tempfile.mkdtemp(prefix="devcloud-tls-")
                 weakref.finalize(self, shutil.rmtree, self._tls_dir, True)
+            # A directory per client: a second client (a pull's longer timeout) must not trip over the
+            # files the first one wrote, which build_client creates exclusively.
+            pem_dir = tempfile.mkdtemp(dir=self._tls_dir) if self._tls_dir else None
             try:
                 self._clients[timeout] = build_client(
-                    docker_url=host.docker_url, timeout=timeout, pem_dir=self._tls_dir, **tls
+                    docker_url=host.docker_url, timeout=timeout, pem_dir=pem_dir, **tls
                 )
             except EngineSettingsError as error:
                 raise DriverError(
@@ -411,9 +414,11 @@ class DockerDriver(Driver):
             catalog = load_catalog(catalog_path)
             key = catalog.key_for_context(build_context)
             expected = catalog.reference(key)
+            # Under IMAGE_REGISTRY the catalogue names the same build by its registry reference.
+            registry_expected = catalog.reference(key, registry=getattr(settings, "IMAGE_REGISTRY", ""))
         except CatalogError as error:
             raise DriverError(str(error), permanent=True) from error
-        if expected != reference:
+        if reference not in (expected, registry_expected):
             raise DriverError(
                 f"The catalogue now builds {key} as {expected}, not {reference}: its files changed since "
                 "the last sync. Run `manage.py sync_images`, then build again.",
@@ -458,6 +463,7 @@ class DockerDriver(Driver):
             reference.rpartition(":") if ":" in reference.rsplit("/", 1)[-1] else (reference, "", "latest")
         )
         client = self.client(timeout=BUILD_TIMEOUT)
+        layers = PullProgress()
         try:
             for chunk in client.api.pull(repository, tag=tag, stream=True, decode=True):
                 if "error" in chunk:
@@ -465,6 +471,9 @@ class DockerDriver(Driver):
                 line = " ".join(filter(None, (chunk.get("id"), chunk.get("status"), chunk.get("progress"))))
                 if line:
                     report(line)
+                percent = layers.update(chunk)
+                if percent is not None:
+                    report(f"Pull {percent}% of {reference}")
         except DriverError:
             raise
         except docker.errors.NotFound as error:
@@ -720,6 +729,39 @@ class DockerDriver(Driver):
             self._remove_networks(client, instance)
         except Exception:  # the failure being reported matters more than this cleanup's
             logger.warning("could not clean up after a failed start of %s", instance.id, exc_info=True)
+
+
+class PullProgress:
+    """How far a pull has got, from the engine's per-layer messages. Each layer counts the same: its
+    download is its first half and its extraction the second (each by bytes, as the engine reports
+    them). The engine lists every layer before the first download, so the mean only grows; it is kept
+    from going back all the same. update() returns the new whole percent when it moved, else None."""
+
+    def __init__(self):
+        self.layers: dict[str, float] = {}  # layer id -> fraction done, 0..1
+        self.percent = 0
+
+    def update(self, chunk: dict) -> int | None:
+        layer, status = chunk.get("id"), chunk.get("status") or ""
+        if not layer or status.startswith("Pulling from"):  # the tag's own line, not a layer
+            return None
+        detail = chunk.get("progressDetail") or {}
+        share = detail.get("current", 0) / detail["total"] if detail.get("total") else 0.0
+        done = self.layers.get(layer, 0.0)
+        if status == "Downloading":
+            done = max(done, 0.5 * min(share, 1.0))
+        elif status in ("Verifying Checksum", "Download complete"):
+            done = max(done, 0.5)
+        elif status == "Extracting":
+            done = max(done, 0.5 + 0.5 * min(share, 1.0))
+        elif status in ("Pull complete", "Already exists"):
+            done = 1.0
+        self.layers[layer] = done
+        percent = min(int(100 * sum(self.layers.values()) / len(self.layers)), 99)  # 100 once it is done
+        if percent <= self.percent:
+            return None
+        self.percent = percent
+        return percent
 
 
 def on_a_registry(reference: str) -> bool:
