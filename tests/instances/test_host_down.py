@@ -97,7 +97,9 @@ def test_it_stops_a_down_hosts_running_instance_charged_up_to_its_last_heartbeat
     alice, hosts, settings
 ):
     down, _ = hosts
-    instance = ran_for(launch_on(alice, down), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5))
+    instance = ran_for(
+        launch_on(alice, down), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5)
+    )
     last_seen = silent(down, unheard_for=timedelta(seconds=50), settings=settings)
 
     report = lifecycle.hosts_heartbeat()
@@ -134,7 +136,9 @@ def test_the_stopped_instances_teardown_frees_its_gpus_without_the_host_and_char
     alice, hosts, settings
 ):
     down, _ = hosts
-    instance = ran_for(launch_on(alice, down), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5))
+    instance = ran_for(
+        launch_on(alice, down), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5)
+    )
     silent(down, unheard_for=timedelta(seconds=50), settings=settings)
     lifecycle.hosts_heartbeat()
     before = charged(instance)
@@ -153,7 +157,9 @@ def test_a_tick_charges_no_further_than_the_last_heartbeat_of_a_host_that_stoppe
     if path == "python":
         monkeypatch.setattr(metering, "_charge_in_database", metering._charge_in_python)
     quiet, _ = hosts
-    instance = ran_for(launch_on(alice, quiet), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5))
+    instance = ran_for(
+        launch_on(alice, quiet), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5)
+    )
     last_seen = silent(quiet, unheard_for=timedelta(seconds=20), settings=settings)
     # One missed beat: in doubt, not yet down.
     lifecycle.hosts_heartbeat()
@@ -170,7 +176,9 @@ def test_a_tick_charges_no_further_than_the_last_heartbeat_of_a_host_that_stoppe
 
 def test_a_tick_charges_the_time_in_doubt_once_the_host_answers_again(alice, hosts, settings):
     quiet, _ = hosts
-    instance = ran_for(launch_on(alice, quiet), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5))
+    instance = ran_for(
+        launch_on(alice, quiet), ready_ago=timedelta(minutes=10), metered_ago=timedelta(minutes=5)
+    )
     silent(quiet, unheard_for=timedelta(seconds=20), settings=settings)
     lifecycle.hosts_heartbeat()
     settings.DEVCLOUD_DRIVER = "fake"  # the engine answers again
