@@ -536,16 +536,18 @@ def main() -> int:
         # they never hold up metering, stops and emails on the default one.
         from portal import workers
 
+        # The web server first, alone: on a small machine the others' start-up would otherwise compete with
+        # it for the CPU, and the URL is what the person is waiting for. The rest start once it answers.
         children.append(Child("web", [python, *web], web_env))
+        if not wait_for_port(port, children, timeout=60):
+            raise_if_dead(children)
+            fail(f"the web server did not answer on port {port} within 60 s")
         children.append(Child("worker", workers.command("default", python=python, environ=env), env))
         children.append(Child("launch", workers.command("provisioning", python=python, environ=env), env))
         schedule = str(VAR / "celerybeat-schedule")
         children.append(Child("beat", workers.command("beat", python=python, beat_schedule=schedule), env))
         # The SSH jump gateway (portal/sshgateway), its host key kept under var/ so clients see one key.
         children.append(Child("ssh", [python, "manage.py", "ssh_gateway"], env))
-        if not wait_for_port(port, children, timeout=60):
-            raise_if_dead(children)
-            fail(f"the web server did not answer on port {port} within 60 s")
 
         banner = [
             "",
