@@ -224,6 +224,9 @@ def test_deleting_the_account_removes_its_containers_and_volumes_on_every_host(
     assert volumes_of(fleet, host_a, portal) and volumes_of(fleet, host_b, portal)
 
     account_delete(user=alice)
+    # Before the teardowns, each volume is still mounted by its container: both hosts stay on record.
+    assert workspaces.workspace_removals_run() == {"removed": 0, "left": 2}
+    assert "in use" in WorkspaceRemoval.objects.filter(user=alice).first().last_error
     for instance in (on_a, on_b):
         assert lifecycle.instance_teardown(instance_id=instance.id) == "stopped"
     workspaces.workspace_removals_run()
@@ -234,3 +237,24 @@ def test_deleting_the_account_removes_its_containers_and_volumes_on_every_host(
     assert not Workspace.objects.filter(user=alice).exists()
     assert not WorkspaceRemoval.objects.filter(user=alice).exists()
     assert AuditEntry.objects.filter(action="account.workspaces_removed", target_id=str(alice.pk)).exists()
+
+
+def test_deleting_the_account_removes_its_workspace_on_a_host_where_it_runs_nothing(
+    fleet, hosts, launch, portal, alice
+):
+    host_a, host_b = hosts
+    on_a = launch(on=host_a)
+    on_b = launch(on=host_b)  # host A's volume is in use: B gets its own
+    stop(on_a)
+    assert volumes_of(fleet, host_a, portal) == [volume_name(alice.pk)]
+    assert containers_of(fleet, host_a, portal) == []
+
+    account_delete(user=alice)
+    assert lifecycle.instance_teardown(instance_id=on_b.id) == "stopped"
+    workspaces.workspace_removals_run()
+
+    for host in hosts:
+        assert containers_of(fleet, host, portal) == []
+        assert volumes_of(fleet, host, portal) == []
+    entry = AuditEntry.objects.get(action="account.workspaces_removed", target_id=str(alice.pk))
+    assert f"{volume_name(alice.pk)} on {host_a.name}" in entry.details["volumes"]
