@@ -361,7 +361,12 @@ def workspace_prepare(*, driver, instance, progress=None) -> str:
     if in_use:
         say(left.format(why="another of your instances is using"))
         return "left"
-    dest_image = instance.image.reference
+    try:
+        dest_image = helper_image(dest_client, instance.image.reference)
+    except LookupError:
+        # Placed here while a pull of its image is under way, and nothing else to run a helper with.
+        driver._pull(instance.image.reference, lambda line: None)
+        dest_image = instance.image.reference
     target = volume_name(instance.user_id)
     created = not volume_exists(dest_client, target)
     say(f"Moving your workspace from {source.name} to {host.name}.")
