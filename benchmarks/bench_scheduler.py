@@ -1,9 +1,13 @@
 """Scheduler placement time with 1,000 simulated hosts (8,000 GPUs), in a scratch PostgreSQL database.
 
 Phases, each timing one allocate() call per launch:
-1. 500 1x launches onto an empty fleet (they pack onto the fullest hosts: 63 hosts end up used);
+1. 500 1x launches onto an empty fleet (each lands on its owner's workspace host, which has room);
 2. 50 8x launches (each takes a whole free host);
 3. 20 8x launches refused on a fleet where every host is partly used (the "queue it" answer).
+
+Placement is workspace-aware, as in production: each of USERS people has a workspace on one host, and
+each launch is one person's. Phases 1 and 2 count the launches placed on their owner's workspace host
+(every one of them, since those hosts have room), which packing alone would not do.
 """
 
 import time
@@ -16,6 +20,7 @@ GPUS_PER_HOST = 8
 ONE_X_LAUNCHES = 500
 EIGHT_X_LAUNCHES = 50
 REFUSED_8X = 20
+USERS = 1000
 
 
 def _build_fleet():
@@ -25,7 +30,7 @@ def _build_fleet():
     from portal.instances.models import Image
     from provisioning.models import Gpu, GpuHost
 
-    user = User.objects.create_user("bench@example.com")
+    users = User.objects.bulk_create([User(email=f"bench{number}@example.com") for number in range(USERS)])
     image = Image.objects.create(
         key="bench", name="Bench", sizes=["1x", "8x"], reference="devcloud/cpu:bench"
     )
@@ -38,17 +43,44 @@ def _build_fleet():
         ],
         batch_size=2000,
     )
+    from provisioning.models import Workspace
+
+    # Person n's workspace is on host n (wrapping round): distinct hosts for the people whose launches
+    # phases 1 and 2 time.
+    Workspace.objects.bulk_create(
+        [
+            Workspace(user=user, host=hosts[number % len(hosts)], volume_name=f"devcloud-ws-{user.pk}")
+            for number, user in enumerate(users)
+        ],
+        batch_size=2000,
+    )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
-    return user, image
+    return users, image
 
 
-def _launches(user, image, size, count):
+def _launches(users, image, size, count):
+    """`count` queued launches, one per person of `users` in turn."""
     from portal.instances.models import Instance
 
     return Instance.objects.bulk_create(
-        [Instance(user=user, image=image, size=size, state=Instance.State.QUEUED) for _ in range(count)]
+        [
+            Instance(user=users[number % len(users)], image=image, size=size, state=Instance.State.QUEUED)
+            for number in range(count)
+        ]
     )
+
+
+def _on_workspace_host(instances) -> int:
+    """How many of `instances` were placed on the host that holds their owner's workspace."""
+    from portal.instances.models import Instance
+    from provisioning.models import Workspace
+
+    homes = dict(Workspace.objects.values_list("user_id", "host_id"))
+    placed = Instance.objects.filter(pk__in=[instance.pk for instance in instances]).values_list(
+        "user_id", "host_id"
+    )
+    return sum(homes.get(user_id) == host_id for user_id, host_id in placed)
 
 
 def _time_placements(instances) -> tuple[list[float], int]:
@@ -63,7 +95,7 @@ def _time_placements(instances) -> tuple[list[float], int]:
     return samples, placed
 
 
-def _occupy_one_gpu_on_every_free_host(user, image):
+def _occupy_one_gpu_on_every_free_host(users, image):
     """Make every still-free host partly used, so no 8x fits anywhere."""
     from django.db.models import Exists, OuterRef
 
@@ -71,7 +103,7 @@ def _occupy_one_gpu_on_every_free_host(user, image):
 
     live = GpuAllocation.objects.filter(gpu__host=OuterRef("pk"), released_at__isnull=True)
     free_hosts = list(GpuHost.objects.filter(~Exists(live)).values_list("pk", flat=True))
-    holders = _launches(user, image, "1x", len(free_hosts))
+    holders = _launches(users, image, "1x", len(free_hosts))
     first_gpus = dict(Gpu.objects.filter(host_id__in=free_hosts, node_id=1).values_list("host_id", "pk"))
     GpuAllocation.objects.bulk_create(
         [
@@ -96,17 +128,28 @@ def _report(label, samples, placed, expected):
 def main() -> dict:
     with scratch_database(DATABASE):
         started = time.perf_counter()
-        user, image = _build_fleet()
-        print(f"fleet: {HOSTS} hosts x {GPUS_PER_HOST} GPUs built in {time.perf_counter() - started:.1f} s")
+        users, image = _build_fleet()
+        print(
+            f"fleet: {HOSTS} hosts x {GPUS_PER_HOST} GPUs, {USERS} workspaces, built in "
+            f"{time.perf_counter() - started:.1f} s"
+        )
 
-        ones = _launches(user, image, "1x", ONE_X_LAUNCHES)
-        one_x = _report("1x placement (packing)", *_time_placements(ones), ONE_X_LAUNCHES)
+        ones = _launches(users[:ONE_X_LAUNCHES], image, "1x", ONE_X_LAUNCHES)
+        one_x = _report("1x placement (workspace, packing)", *_time_placements(ones), ONE_X_LAUNCHES)
+        ones_home = _on_workspace_host(ones)
 
-        eights = _launches(user, image, "8x", EIGHT_X_LAUNCHES)
+        eights = _launches(users[ONE_X_LAUNCHES:], image, "8x", EIGHT_X_LAUNCHES)
         eight_x = _report("8x placement (whole free host)", *_time_placements(eights), EIGHT_X_LAUNCHES)
+        eights_home = _on_workspace_host(eights)
+        print(
+            f"on the owner's workspace host: 1x {ones_home} of {ONE_X_LAUNCHES}, "
+            f"8x {eights_home} of {EIGHT_X_LAUNCHES}"
+        )
+        if (ones_home, eights_home) != (ONE_X_LAUNCHES, EIGHT_X_LAUNCHES):
+            raise AssertionError("a launch was not placed on its owner's workspace host, which had room")
 
-        _occupy_one_gpu_on_every_free_host(user, image)
-        refused = _launches(user, image, "8x", REFUSED_8X)
+        _occupy_one_gpu_on_every_free_host(users, image)
+        refused = _launches(users, image, "8x", REFUSED_8X)
         no_room = _report("8x refused (no whole host free)", *_time_placements(refused), 0)
 
     return {
@@ -117,6 +160,7 @@ def main() -> dict:
         "placement_8x_p95_ms": eight_x["p95_ms"],
         "placement_8x_max_ms": eight_x["max_ms"],
         "refusal_8x_median_ms": no_room["median_ms"],
+        "placements_on_workspace_host": ones_home + eights_home,
     }
 
 
