@@ -280,6 +280,11 @@ RECONCILE_SECONDS = env.int("RECONCILE_SECONDS", default=60)
 # How long the oldest queued 8x launch may wait before 1x launches queued behind it are held back,
 # so busy hosts can drain for it.
 SCHEDULER_8X_MAX_WAIT_SECONDS = env.int("SCHEDULER_8X_MAX_WAIT_SECONDS", default=600)
+# Every HOST_HEARTBEAT_SECONDS beat pings each host's engine; a host unheard for
+# HOST_DOWN_AFTER_MISSED_BEATS beats is marked down (no placements, its instances charged only up to its
+# last heartbeat).
+HOST_HEARTBEAT_SECONDS = env.int("HOST_HEARTBEAT_SECONDS", default=15)
+HOST_DOWN_AFTER_MISSED_BEATS = env.int("HOST_DOWN_AFTER_MISSED_BEATS", default=3)
 # An instance stuck in provisioning or stopping longer than this is repaired by the reconciler.
 STUCK_TRANSITION_SECONDS = env.int("STUCK_TRANSITION_SECONDS", default=600)
 
@@ -332,11 +337,6 @@ SSH_KEYS_SYNC_SECONDS = env.int("SSH_KEYS_SYNC_SECONDS", default=30)
 
 # --- Static files, i18n -----------------------------------------------------------------------
 STATIC_URL = "/static/"
-# Every HOST_HEARTBEAT_SECONDS beat pings each host's engine; a host unheard for
-# HOST_DOWN_AFTER_MISSED_BEATS beats is marked down (no placements, its instances charged only up to its
-# last heartbeat).
-HOST_HEARTBEAT_SECONDS = env.int("HOST_HEARTBEAT_SECONDS", default=15)
-HOST_DOWN_AFTER_MISSED_BEATS = env.int("HOST_DOWN_AFTER_MISSED_BEATS", default=3)
 STATIC_ROOT = env("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
