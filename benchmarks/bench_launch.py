@@ -369,7 +369,6 @@ class Plain:
         self.ports = sorted(bindings)
 
     def run_and_time(self) -> Sample:
-        from tests.gateway.helpers import free_port
         from tests.support.docker_instances import docker_client
 
         with self._lock:
@@ -383,8 +382,6 @@ class Plain:
             "JUPYTER_BASE_URL": base,
             "DEVCLOUD_INSTANCE_ID": str(instance_id),
         }
-        ports = {port: free_port() for port in self.ports or ["8888/tcp"]}
-        lab_port = ports.get("8888/tcp") or next(iter(ports.values()))
         name = f"{self.label.split('=')[-1]}-{number}"
         client = httpx.Client(headers={"Authorization": f"token {token}"}, timeout=5)
         clicked = _now()
@@ -403,10 +400,16 @@ class Plain:
         command += ["--mount", f"type=volume,source={name}-workspace,target=/workspace"]
         for key, value in environment.items():
             command += ["-e", f"{key}={value}"]
-        for container_port, host_port in ports.items():
-            command += ["-p", f"{self.publish_ip}:{host_port}:{container_port.split('/')[0]}"]
-        run = subprocess.run([*command, self.reference], check=True, capture_output=True, text=True)
-        url = f"http://{self.publish_ip}:{lab_port}{base}api/status"
+        # Ports the engine picks, as the driver's are: ports picked here could collide within a burst.
+        for container_port in self.ports or ["8888/tcp"]:
+            command += ["-p", f"{self.publish_ip}::{container_port.split('/')[0]}"]
+        run = subprocess.run([*command, self.reference], capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"docker run failed: {run.stderr.strip()}")
+        published = subprocess.run(
+            ["docker", "port", run.stdout.strip(), "8888/tcp"], check=True, capture_output=True, text=True
+        ).stdout.split()[0]
+        url = f"http://{published}{base}api/status"
         with client:
             _wait(lambda: _answers(client, url), "plain docker run to answer")
         total = time.perf_counter() - started
