@@ -73,7 +73,7 @@ def fresh_clone(destination: Path) -> Path:
 class MakeRun:
     """`make run` in a clone, its output collected line by line."""
 
-    def __init__(self, clone: Path, *, port: int, extra_env: dict[str, str]):
+    def __init__(self, clone: Path, *, port: int, extra_env: dict[str, str], install: bool = False):
         self.port = port
         self.url = f"http://127.0.0.1:{port}/"
         self.lines: list[str] = []
@@ -94,8 +94,9 @@ class MakeRun:
         # The clone's .venv is this checkout's; `-o <stamp>` keeps make from reinstalling into it from the
         # clone (an editable install would then point at the clone, which the test deletes).
         stamp = hashlib.sha256((clone / "pyproject.toml").read_bytes() + (clone / "constraints.txt").read_bytes())
+        keep_venv = [] if install else ["-o", f".venv/.installed-{stamp.hexdigest()[:12]}"]
         self.proc = subprocess.Popen(
-            ["make", "--no-print-directory", "-o", f".venv/.installed-{stamp.hexdigest()[:12]}", "run"],
+            ["make", "--no-print-directory", *keep_venv, "run"],
             cwd=clone,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -177,9 +178,10 @@ def make_run(tmp_path, portal_id):
         (artifacts / f"make-run-{number}.log").write_text(run.output)
 
 
-def newcomer_journey(run: MakeRun, browser) -> None:
+def newcomer_journey(run: MakeRun, browser, *, email: str = EMAIL, marks: dict | None = None) -> None:
     """Sign up, verify with the link make run printed, launch the default image at 1x, print(6 * 7) in a
-    notebook, stop, and see the charge in the ledger: clicks only, as the README says."""
+    notebook, stop, and see the charge in the ledger: clicks only, as the README says. `marks`, when
+    given, gets the time.monotonic() of the moment the cell printed 42 ("cell")."""
     from playwright.sync_api import expect
 
     base = run.url.rstrip("/")
@@ -191,7 +193,7 @@ def newcomer_journey(run: MakeRun, browser) -> None:
     expect(page.get_by_test_id("front-page")).to_be_visible()
     expect_no_error_page(page)
     page.get_by_test_id("front-signup").click()
-    page.fill("#id_email", EMAIL)
+    page.fill("#id_email", email)
     page.fill("#id_password", PASSWORD)
     page.fill("#id_password_confirm", PASSWORD)
     page.get_by_role("button", name="Sign up", exact=True).click()
@@ -229,6 +231,8 @@ def newcomer_journey(run: MakeRun, browser) -> None:
         open_lab.click()
     lab = opened.value
     run_print_in_a_new_notebook(lab, instance_id)
+    if marks is not None:
+        marks["cell"] = time.monotonic()
     lab.close()
     page.wait_for_timeout(max(0.0, MINIMUM_USE_SECONDS - (time.monotonic() - ready)) * SECOND)
 
