@@ -62,10 +62,12 @@ def launched(alice, registered, image_on_hosts):
     )
     started = []
 
-    def launch(host, minor):
+    def launch(host, minor=None):
+        """One GPU (render minor `minor`), or every GPU of the host (an 8x) when minor is None."""
+        gpus = list(host.gpus.order_by("node_id")) if minor is None else [host.gpus.get(render_minor=minor)]
         instance = Instance.objects.create(
             user=alice,
-            size="1x",
+            size="1x" if minor is not None else "8x",
             image=image,
             host=host,
             state=Instance.State.PROVISIONING,
@@ -73,7 +75,7 @@ def launched(alice, registered, image_on_hosts):
         )
         driver = DockerDriver(host)
         started.append((driver, instance))
-        return instance, driver.start(instance, [host.gpus.get(render_minor=minor)])
+        return instance, driver.start(instance, gpus)
 
     yield launch
     for driver, instance in started:
@@ -109,6 +111,18 @@ def test_it_lets_uid_1000_open_its_kfd_and_render_node_on_each_host_and_no_other
         assert "opened;dri:renderD160" in output
         _, uid = exec_on(fleet_host, instance, "id", "-u")
         assert uid.strip() == "1000"
+
+
+def test_an_8x_on_one_host_opens_its_kfd_and_all_eight_render_nodes_as_uid_1000(launched, registered):
+    fleet_host, host = registered[-1]
+    instance, _ = launched(host)
+    nodes = [f"/dev/dri/renderD{minor}" for minor in fleet_host.render_minors]
+
+    code, output = exec_on(fleet_host, instance, "python3", "-c", OPEN_DEVICES, "/dev/kfd", *nodes)
+
+    assert code == 0, output
+    expected = ",".join(sorted(f"renderD{minor}" for minor in fleet_host.render_minors))
+    assert f"opened;dri:{expected}" in output
 
 
 def test_it_publishes_jupyterlab_only_on_each_hosts_private_address(launched, registered):
