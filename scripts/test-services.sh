@@ -122,7 +122,9 @@ if ! docker_answers; then
   # A dockerd that is already starting (its pid file names a live process) only needs waiting for.
   if ! { [ -f /var/run/docker.pid ] && kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; }; then
     # setsid + nohup: the engine must outlive this script and `make`, like a system service would.
-    setsid nohup dockerd >"$VAR/dockerd.log" 2>&1 </dev/null &
+    # Every instance gets a network of its own; Docker's default pools hold about 31, fewer than a burst
+    # of launches (or the suite) makes, so give it 256 /24s.
+    setsid nohup dockerd --default-address-pool base=10.200.0.0/16,size=24 >"$VAR/dockerd.log" 2>&1 </dev/null &
     dockerd_pid=$!
   fi
   for _ in $(seq 1 60); do
