@@ -29,7 +29,7 @@ services:
 # e.g. DATABASE_URL with a password on a machine where PostgreSQL does not trust local TCP connections.
 # pytest exits 5 when it collected no tests: that is a failure here, never a silent green.
 test: venv services
-	# HOOK (issue 3): build the container images the tests launch (the CPU JupyterLab image; once per hash).
+	# Build the container images the tests launch (the CPU JupyterLab image; once per hash).
 	if [ -f scripts/build-images.sh ]; then PYTHON=$(PY) bash scripts/build-images.sh; fi
 	# The import contracts in pyproject.toml (docs/architecture.md, "Layers"): a second or two, and a broken
 	# layer fails here before the suite starts.

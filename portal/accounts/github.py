@@ -4,7 +4,7 @@ The backend reads GitHub's addresses from settings on every call (GITHUB_OAUTH_U
 GitHub Enterprise install or the tests' local stand-in can take GitHub's place.
 
 The pipeline steps below run in SOCIAL_AUTH_PIPELINE order (see portal/settings/base.py) and enforce the
-rules from issue 2:
+rules for GitHub identities:
 - the account's address is the verified primary email from GitHub's /user/emails, never the public
   profile address, and a GitHub login without one creates nothing;
 - a GitHub login is linked to an existing account with the same address only when that address is

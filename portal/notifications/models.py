@@ -14,7 +14,7 @@ class Kind(models.TextChoices):
     CREDIT_LOW_1H = "credit_low_1h", "About 1 hour of credit left"
     CREDIT_LOW_10M = "credit_low_10m", "About 10 minutes of credit left"
     INSTANCE_STOPPED = "instance_stopped", "Instance stopped by DevCloud"
-    # Sent by idle culling before the grace period ends (issue 4, "Idle culling").
+    # Sent by idle culling before the grace period ends (docs/architecture.md, "Idle culling and SSH").
     INSTANCE_IDLE_WARNING = "instance_idle_warning", "Idle instance about to be stopped"
     LAUNCH_FAILED = "launch_failed", "Launch failed"
     BONUS_DECISION = "bonus_decision", "Bonus application decided"

@@ -1,4 +1,4 @@
-"""The database itself refuses UPDATE and DELETE on ledger rows (design.md, "Credits")."""
+"""The database itself refuses UPDATE and DELETE on ledger rows (docs/architecture.md, "Credits")."""
 
 from django.db import migrations
 
