@@ -2,7 +2,6 @@
 front of the gateway and a real JupyterLab. Skipped where nginx is not installed (`apt-get install
 nginx-core`)."""
 
-import datetime
 import json
 import re
 import shutil
@@ -15,13 +14,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import websocket
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from django.conf import settings as django_settings
 
 from portal.gateway import tickets
+from tests.support.certs import self_signed
 
 from .helpers import (
     HTML,
@@ -48,36 +44,6 @@ def documented_config() -> str:
     match = re.search(r"<!-- nginx-config -->\s*```nginx\n(.*?)```", text, re.DOTALL)
     assert match, "docs/gateway.md lost its nginx config block"
     return match.group(1)
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "devcloud test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("portal.example.com"), x509.DNSName("*.lab.example.com")]
-            ),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_path, key_path
 
 
 @pytest.fixture(scope="module")
