@@ -2,19 +2,28 @@
 
 Paths under /instances/<uuid>/lab/ (HTTP and websockets) and /instances/<uuid>/auth go to the gateway
 (portal/gateway/); everything else goes to Django.
+
+Every Django view is synchronous, so Django runs as a WSGI application on a fixed pool of WEB_THREADS
+threads (a2wsgi) rather than through Django's ASGI handler, which starts a thread and an event-loop
+round trip per request: under load that overhead took a third of a web process's time and tripled the
+pages' tail latency (benchmarks/bench_pages.py measures it).
 """
 
 import os
 
-from django.core.asgi import get_asgi_application
+from a2wsgi import WSGIMiddleware
+from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
-django_application = get_asgi_application()
+wsgi_application = get_wsgi_application()
 
 # Imported after Django is set up: the gateway reads sessions and instances through the ORM.
+from django.conf import settings
+
 from portal.console.instrumentation import InstrumentedGateway
 from portal.gateway.app import Gateway, Router
 
+django_application = WSGIMiddleware(wsgi_application, workers=settings.WEB_THREADS)
 gateway = Gateway()
 # The wrapper records the gateway's request latency and open websockets for /metrics.
 application = Router(django_app=django_application, gateway=InstrumentedGateway(gateway))

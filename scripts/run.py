@@ -525,12 +525,7 @@ def main() -> int:
 
         # --- The web server, the Celery workers and beat
         python = sys.executable
-        # Django warns on every static file whitenoise streams under ASGI (a sync iterator); harmless
-        # here, and it would drown the request log.
-        web_env = dict(env)
-        quiet_static = "ignore:StreamingHttpResponse must consume synchronous:Warning"
-        web_env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), quiet_static]))
-        web = "-m uvicorn portal.asgi:application --host 127.0.0.1".split()
+        web = "-m uvicorn portal.asgi:application --loop uvloop --http httptools --host 127.0.0.1".split()
         web += ["--port", str(port)]
         # The worker layout production runs (portal/workers.py): launches on a worker of their own, so
         # they never hold up metering, stops and emails on the default one.
@@ -538,7 +533,7 @@ def main() -> int:
 
         # The web server first, alone: on a small machine the others' start-up would otherwise compete with
         # it for the CPU, and the URL is what the person is waiting for. The rest start once it answers.
-        children.append(Child("web", [python, *web], web_env))
+        children.append(Child("web", [python, *web], env))
         if not wait_for_port(port, children, timeout=60):
             raise_if_dead(children)
             fail(f"the web server did not answer on port {port} within 60 s")

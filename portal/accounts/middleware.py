@@ -3,6 +3,7 @@
 import logging
 from dataclasses import dataclass
 
+import axes.middleware
 import requests
 from django.shortcuts import render
 from django.utils.cache import add_never_cache_headers
@@ -175,3 +176,15 @@ class SocialAuthErrorMiddleware:
         response = render(request, "accounts/github_error.html", {"failure": failure}, status=failure.status)
         add_never_cache_headers(response)
         return response
+
+
+class AxesMiddleware(axes.middleware.AxesMiddleware):
+    """django-axes' middleware (a locked-out client gets the lockout page), run synchronously only.
+
+    Under ASGI Django runs a chain of synchronous middleware and view in one worker thread. Axes' own
+    class also offers an async path, and one async-capable link in an otherwise synchronous chain makes
+    Django hop from that thread to the event loop and back for every request: several milliseconds a
+    page on a busy web process, for no gain, since every view here is synchronous.
+    """
+
+    async_capable = False

@@ -53,9 +53,12 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.accounts.middleware.SocialAuthErrorMiddleware",
-    # Axes must be last: it turns lockouts raised by the auth backend into a clear response.
-    "axes.middleware.AxesMiddleware",
+    # Axes must be last: it turns lockouts raised by the auth backend into a clear response. This is
+    # axes' own middleware, run synchronously only (portal/accounts/middleware.py says why).
+    "portal.accounts.middleware.AxesMiddleware",
 ]
+# axes.W002 looks for axes' middleware by its dotted path and misses the subclass above.
+SILENCED_SYSTEM_CHECKS = ["axes.W002"]
 
 ROOT_URLCONF = "portal.urls"
 WSGI_APPLICATION = "portal.wsgi.application"
@@ -83,8 +86,8 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=0))
 # On PostgreSQL each process keeps a pool of open connections (psycopg_pool through Django's "pool"
-# option): opening one costs the database a process and several milliseconds per request, and under
-# ASGI every request runs in a new thread, so persistent connections (CONN_MAX_AGE) are never reused.
+# option): opening one costs the database a process and several milliseconds per request, and the
+# threads of a process (web threads, the gateway's access threads, the provisioning worker's) share them.
 # Setting DATABASE_CONN_MAX_AGE turns the pool off (Django allows one or the other), and so does an
 # environment without the psycopg-pool package. The pool never caps below what the database allows
 # (PostgreSQL's default max_connections): the provisioning worker's threads each hold a connection
@@ -267,6 +270,9 @@ GATEWAY_LAB_COOKIE_NAME = "devcloud_lab"
 # A launch needs at least this many minutes of credit at its size, after what the user's other live
 # instances will burn in the same window.
 LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
+# Threads each web process (portal/asgi.py) runs Django's views on. A view holds one while it runs, and
+# each may hold a database connection; the JupyterLab gateway does not use them.
+WEB_THREADS = env.int("WEB_THREADS", default=4)
 # How many instances (queued, provisioning, running or stopping) one user may have at once.
 MAX_LIVE_INSTANCES_PER_USER = env.int("MAX_LIVE_INSTANCES_PER_USER", default=4)
 # Sizes a user may launch only after a bonus application was approved (or an operator opened them to
