@@ -9,9 +9,19 @@ from portal.instances.sizes import SIZES, Size
 from .models import BonusApplication, BonusProgram, CreditAccount, LedgerEntry, SignupGrantProgram
 
 
-def ledger_for(user, limit: int = 50):
+# The dashboard shows the latest few movements and links to the whole history, a page at a time.
+DASHBOARD_LEDGER_ROWS = 10
+HISTORY_PAGE_ROWS = 50
+
+
+def ledger_for(user, limit: int = DASHBOARD_LEDGER_ROWS):
     """The user's latest ledger entries, newest first."""
-    return LedgerEntry.objects.filter(account__user=user).order_by("-created_at", "-id")[:limit]
+    return ledger_of(user)[:limit]
+
+
+def ledger_of(user):
+    """Every ledger entry of the user, newest first (for paging through)."""
+    return LedgerEntry.objects.filter(account__user=user).order_by("-created_at", "-id")
 
 
 def applications_for(user):

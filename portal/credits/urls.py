@@ -5,5 +5,6 @@ from . import views
 app_name = "credits"
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("history/", views.history, name="history"),
     path("bonus/", views.bonus, name="bonus"),
 ]

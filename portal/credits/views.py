@@ -4,7 +4,9 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET
 
 from portal.instances.selectors import credits_exhausted_notice
 
@@ -24,12 +26,27 @@ def dashboard(request):
         {
             "balance_gpu_seconds": balance,
             "balance_hours": hours(balance),
-            "entries": selectors.ledger_for(request.user),
+            # One row more than is shown tells whether "Full history" has more to show.
+            "entries": list(selectors.ledger_for(request.user, limit=selectors.DASHBOARD_LEDGER_ROWS + 1)),
+            "entries_shown": selectors.DASHBOARD_LEDGER_ROWS,
             "offers": selectors.size_offers(balance),
             "application_counts": selectors.application_counts_for(request.user),
             "signup_grant_hours": hours(program.gpu_seconds) if program else None,
             "credits_notice": credits_exhausted_notice(request.user),
         },
+    )
+
+
+@login_required
+@require_GET
+def history(request):
+    """Every credit movement of the person, newest first, a page at a time (?page=N)."""
+    paginator = Paginator(selectors.ledger_of(request.user), selectors.HISTORY_PAGE_ROWS)
+    page = paginator.get_page(request.GET.get("page"))
+    return render(
+        request,
+        "credits/history.html",
+        {"page": page, "balance_hours": hours(selectors.balance_for(request.user))},
     )
 
 
