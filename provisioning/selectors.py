@@ -108,6 +108,18 @@ def image_availability(references) -> dict[str, ImageAvailability]:
     return availability
 
 
+@dataclass(frozen=True)
+class HostsInService:
+    any: bool
+    simulated: bool
+
+
+def hosts_in_service_summary() -> HostsInService:
+    """Whether any host is in service, and whether one of those has simulated GPUs. One query."""
+    kinds = set(in_service_hosts().order_by().values_list("is_simulated", flat=True).distinct())
+    return HostsInService(any=bool(kinds), simulated=True in kinds)
+
+
 def simulated_hosts_in_service() -> bool:
     """True when a host in service has simulated GPUs (what `make run` registers on a machine without any)."""
     return in_service_hosts().filter(is_simulated=True).exists()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.urls import reverse
 
 from portal.console.services import audit_record
@@ -83,41 +84,43 @@ def suspension_refusal(user) -> Refusal | None:
     return Refusal(user.suspension_notice) if user.is_suspended else None
 
 
-def size_refusal(user, size: Size, policy: LaunchPolicy) -> Refusal | None:
-    """Why the policy keeps `size` closed to `user`, and how to open it; None when it is open."""
-    tier = tier_of(user)
+def open_program_names() -> list[str]:
+    """Names of the bonus programs taking applications, in name order."""
+    return list(BonusProgram.objects.filter(is_active=True).values_list("name", flat=True))
+
+
+def size_refusal(
+    user, size: Size, policy: LaunchPolicy, *, tier: str | None = None, open_programs: list[str] | None = None
+) -> Refusal | None:
+    """Why the policy keeps `size` closed to `user`, and how to open it; None when it is open. `tier` and
+    `open_programs` (open_program_names()), when the caller already has them, save reading them again."""
+    tier = tier or tier_of(user)
     if size.key in allowed_sizes(user, policy, tier=tier):
         return None
     if size.key not in policy.bonus_sizes:
         return Refusal(f"{size.name} is not open to accounts right now. Contact support if you need it.")
     opens = f"{size.name} opens once an operator approves one of your bonus-hour applications"
     bonus_page = reverse("credits:bonus")
-    pending = (
-        BonusApplication.objects.filter(user_id=user.pk, status=BonusApplication.Status.PENDING)
-        .select_related("program")
-        .first()
+    # The person's pending applications and those approved on a bare certificate ID, in one read.
+    waiting = BonusApplication.objects.filter(user_id=user.pk).filter(
+        Q(status=BonusApplication.Status.PENDING)
+        | Q(status=BonusApplication.Status.APPROVED, approval_basis=BonusApplication.ApprovalBasis.BARE_ID)
     )
+    applications = list(waiting.select_related("program"))
+    pending = next((a for a in applications if a.status == BonusApplication.Status.PENDING), None)
     if pending is not None:
         return Refusal(
             f"{opens}; yours for {pending.program.name} is waiting for review.",
             bonus_page,
             "See your applications",
         )
-    bare = (
-        BonusApplication.objects.filter(
-            user_id=user.pk,
-            status=BonusApplication.Status.APPROVED,
-            approval_basis=BonusApplication.ApprovalBasis.BARE_ID,
-        )
-        .select_related("program")
-        .first()
-    )
+    bare = next((a for a in applications if a.status == BonusApplication.Status.APPROVED), None)
     if bare is not None:
         return Refusal(
             f"{opens}; yours for {bare.program.name} was approved from the certificate list alone, which "
             f"adds bonus hours but does not open {size.name}. Contact support to have it reviewed."
         )
-    programs = list(BonusProgram.objects.filter(is_active=True).values_list("name", flat=True))
+    programs = open_program_names() if open_programs is None else open_programs
     if not programs:
         return Refusal(f"{opens}; no bonus program is taking applications right now.")
     return Refusal(

@@ -1,5 +1,6 @@
 """Reads for instance pages: the launch options a user has, their instances, and an instance's progress."""
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,7 +10,12 @@ from django.utils import timezone
 
 from portal.credits.models import GPU_SECONDS_PER_HOUR, CreditAccount, hours
 from portal.gateway import open_path
-from provisioning.selectors import image_availability, in_service_hosts, simulated_hosts_in_service
+from provisioning.selectors import (
+    HostsInService,
+    hosts_in_service_summary,
+    image_availability,
+    simulated_hosts_in_service,
+)
 
 from . import entitlements
 from .models import Image, Instance, LaunchPolicy
@@ -53,18 +59,19 @@ def launch_minimum_gpu_seconds(size: Size) -> int:
     return size.gpus * launch_window_seconds()
 
 
-def _burning(user, now: datetime) -> tuple[int, int]:
-    """(GPUs of the user's queued, provisioning and running instances, GPU-seconds burned but not yet charged)."""
+def _burning(user, now: datetime) -> tuple[int, int, int]:
+    """(GPUs of the user's queued, provisioning and running instances, GPU-seconds burned but not yet
+    charged, how many such instances there are)."""
     gpus_total, unbilled = 0, 0
-    rows = Instance.objects.filter(user=user, state__in=BURNING_STATES).values_list(
-        "size", "state", "metered_until"
+    rows = list(
+        Instance.objects.filter(user=user, state__in=BURNING_STATES).values_list("size", "state", "metered_until")
     )
     for size_key, state, metered_until in rows:
         gpus = SIZES[size_key].gpus
         gpus_total += gpus
         if state == Instance.State.RUNNING and metered_until is not None and now > metered_until:
             unbilled += gpus * int((now - metered_until).total_seconds())
-    return gpus_total, unbilled
+    return gpus_total, unbilled, len(rows)
 
 
 def committed_gpu_seconds(user, *, now: datetime | None = None) -> int:
@@ -74,7 +81,7 @@ def committed_gpu_seconds(user, *, now: datetime | None = None) -> int:
     counts what it has burned since its last charge (metered_until to now), which the balance does not
     show yet.
     """
-    gpus, unbilled = _burning(user, now or timezone.now())
+    gpus, unbilled, _ = _burning(user, now or timezone.now())
     return gpus * launch_window_seconds() + unbilled
 
 
@@ -249,17 +256,62 @@ def launchable_images():
     return list(Image.objects.filter(is_enabled=True))
 
 
+@dataclass(frozen=True)
+class Catalogue:
+    """The half of the launch form that is the same for everybody: the policy in force, the enabled images
+    and where they can start, whether any host is in service (and simulated), the open bonus programs."""
+
+    policy: LaunchPolicy
+    images: list[Image]
+    hosts: HostsInService
+    open_programs: list[str]
+
+
+# The catalogue as this process last read it, and until when (time.monotonic()) it may be shown again.
+_catalogue_cache: tuple[float, Catalogue] | None = None
+
+
+def launch_catalogue() -> Catalogue:
+    """The launch form's shared half, read at most once every LAUNCH_CATALOGUE_CACHE_SECONDS per web
+    process. A busy instance list then costs the database the person's own rows only. What it shows may be
+    that many seconds old; a launch itself always reads the policy, the images and the hosts afresh
+    (services.instance_launch), and this process forgets its copy as soon as it changes one of them."""
+    global _catalogue_cache
+    ttl = settings.LAUNCH_CATALOGUE_CACHE_SECONDS
+    cached = _catalogue_cache
+    if ttl > 0 and cached is not None and cached[0] > time.monotonic():
+        return cached[1]
+    catalogue = Catalogue(
+        policy=LaunchPolicy.current(),
+        images=images_with_availability(),
+        hosts=hosts_in_service_summary(),
+        open_programs=entitlements.open_program_names(),
+    )
+    if ttl > 0:
+        _catalogue_cache = (time.monotonic() + ttl, catalogue)
+    return catalogue
+
+
+def forget_launch_catalogue(**_signal_arguments) -> None:
+    """Drops this process's copy of the catalogue (connected to saves of what it is made of)."""
+    global _catalogue_cache
+    _catalogue_cache = None
+
+
 def launch_options(user, *, now: datetime | None = None) -> LaunchOptions:
     """What the launch form offers `user`: each size's price, how long the balance lasts, and any shortfall."""
     account = CreditAccount.objects.filter(user=user).first()
     balance = account.balance_gpu_seconds if account else 0
-    other_gpus, unbilled = _burning(user, now or timezone.now())
+    other_gpus, unbilled, live_count = _burning(user, now or timezone.now())
     committed = other_gpus * launch_window_seconds() + unbilled
-    live_count = Instance.objects.filter(user=user, state__in=BURNING_STATES).count()
-    policy = LaunchPolicy.current()
+    catalogue = launch_catalogue()
+    policy, hosts = catalogue.policy, catalogue.hosts
+    tier = entitlements.tier_of(user)
     options = []
     for size in SIZES.values():
-        policy_refusal = entitlements.size_refusal(user, size, policy)
+        policy_refusal = entitlements.size_refusal(
+            user, size, policy, tier=tier, open_programs=catalogue.open_programs
+        )
         options.append(
             SizeOption(
                 size=size,
@@ -275,13 +327,13 @@ def launch_options(user, *, now: datetime | None = None) -> LaunchOptions:
         balance_gpu_seconds=balance,
         committed_gpu_seconds=committed,
         sizes=options,
-        images=images_with_availability(),
+        images=catalogue.images,
         verified=user.email_verified,
         live_count=live_count,
         live_limit=policy.max_live_instances,
         suspension=user.suspension_notice,
-        simulated=simulated_hosts_in_service(),
-        no_host=not in_service_hosts().exists(),
+        simulated=hosts.simulated,
+        no_host=not hosts.any,
     )
 
 
@@ -311,12 +363,16 @@ def instances_of(user, *, ended_limit: int = 20) -> list[Instance]:
     return live + ended
 
 
-def credits_exhausted_notice(user) -> Instance | None:
+def credits_exhausted_notice(user, *, instances: list[Instance] | None = None) -> Instance | None:
     """The instance to tell the user about when their latest instance was stopped because credits ran out.
 
-    None when their most recent instance ended for another reason, or is still live.
+    None when their most recent instance ended for another reason, or is still live. `instances`, the
+    user's instances as instances_of() lists them, saves reading the latest one again.
     """
-    latest = Instance.objects.filter(user=user).order_by("-created_at").first()
+    if instances is not None:
+        latest = max(instances, key=lambda instance: instance.created_at, default=None)
+    else:
+        latest = Instance.objects.filter(user=user).order_by("-created_at").first()
     if latest is not None and latest.stop_reason == StopReason.CREDITS_EXHAUSTED:
         return latest
     return None

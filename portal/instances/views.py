@@ -17,11 +17,12 @@ from .forms import LaunchForm
 
 
 def _list_page(request, form, *, status=200):
+    instances = selectors.instances_of(request.user)
     context = {
         "form": form,
         "options": selectors.launch_options(request.user),
-        "instances": selectors.instances_of(request.user),
-        "credits_notice": selectors.credits_exhausted_notice(request.user),
+        "instances": instances,
+        "credits_notice": selectors.credits_exhausted_notice(request.user, instances=instances),
     }
     return render(request, "instances/list.html", context, status=status)
 

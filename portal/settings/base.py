@@ -273,6 +273,10 @@ LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
 # Threads each web process (portal/asgi.py) runs Django's views on. A view holds one while it runs, and
 # each may hold a database connection; the JupyterLab gateway does not use them.
 WEB_THREADS = env.int("WEB_THREADS", default=4)
+# Each web process reads the launch form's shared half (launch policy, enabled images and where they can
+# start, hosts in service, open bonus programs) at most once in this many seconds; 0 reads it on every
+# page. Launches themselves always read afresh.
+LAUNCH_CATALOGUE_CACHE_SECONDS = env.int("LAUNCH_CATALOGUE_CACHE_SECONDS", default=5)
 # How many instances (queued, provisioning, running or stopping) one user may have at once.
 MAX_LIVE_INSTANCES_PER_USER = env.int("MAX_LIVE_INSTANCES_PER_USER", default=4)
 # Sizes a user may launch only after a bonus application was approved (or an operator opened them to

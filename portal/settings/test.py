@@ -12,6 +12,9 @@ CELERY_TASK_EAGER_PROPAGATES = True
 # The slow tests start one worker on a queue of their own; it serves launches too. The production smoke
 # test (tests/deploy/) runs the real layout of portal/workers.py.
 CELERY_PROVISIONING_QUEUE = env("CELERY_PROVISIONING_QUEUE", default="")
+# Pages read the launch catalogue afresh, so a test sees what it just changed (with queryset.update() too);
+# tests/instances/test_launch_catalogue_cache.py switches the cache on.
+LAUNCH_CATALOGUE_CACHE_SECONDS = env.int("LAUNCH_CATALOGUE_CACHE_SECONDS", default=0)
 # Argon2 as in production (same algorithm name), at a cost that keeps the suite fast.
 PASSWORD_HASHERS = ["tests.support.hashers.CheapArgon2PasswordHasher"]
 SECRET_KEY = env("SECRET_KEY", default="test-secret-key-not-for-production-0123456789abcdefghijklmnop")
