@@ -6,7 +6,9 @@ for the runner's summary. Helpers here set up Django and give a bench its own sc
 
 import os
 import statistics
+import subprocess
 from contextlib import contextmanager
+from pathlib import Path
 
 
 def setup_django():
@@ -46,3 +48,41 @@ def summarize_ms(samples_seconds: list[float]) -> dict:
         "p95_ms": round(p95 * 1000, 2),
         "max_ms": round(ordered[-1] * 1000, 2),
     }
+
+
+def database_url(settings_dict) -> str:
+    """A DATABASE_URL for the database Django is connected to (a bench's scratch database)."""
+    user = settings_dict.get("USER") or "postgres"
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
+
+
+def start_kit_web(port: int, url: str, log: Path) -> subprocess.Popen:
+    """The portal as the deploy kit's web unit runs it, on `port` against database `url`.
+
+    The unit's exact command line (deploy/systemd/devcloud-web.service) with the production settings;
+    only the port differs, and the number of worker processes follows the unit's rule, one per core.
+    Plain HTTP on loopback (SECURE_SSL_REDIRECT off): nginx terminates TLS in production. Sessions the
+    bench makes in its own process are valid there (same SECRET_KEY).
+    """
+    from django.conf import settings
+
+    from tests.deploy.kit import exec_start
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "portal.settings.production",
+        "DATABASE_URL": url,
+        "SECRET_KEY": settings.SECRET_KEY,
+        "SECURE_SSL_REDIRECT": "false",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "STATIC_ROOT": str(log.parent / "static"),
+    }
+    env.pop("DATABASE_CONN_MAX_AGE", None)
+    command = exec_start("devcloud-web.service")
+    command[command.index("--port") + 1] = str(port)
+    command[command.index("--workers") + 1] = str(os.cpu_count() or 1)
+    with open(log, "wb") as log_file:
+        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)

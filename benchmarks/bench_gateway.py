@@ -1,8 +1,8 @@
 """Latency the gateway adds: JupyterLab's /api/status through the gateway vs straight to JupyterLab.
 
-A real JupyterLab subprocess, and the portal under uvicorn in its own process with the production
-settings (as the deploy kit serves it: DEBUG off, the database connection pool), on a scratch
-PostgreSQL database. Requests alternate between the two routes, one at a time, over
+A real JupyterLab subprocess, and the portal as the deploy kit's web unit runs it (its uvicorn command
+line and the production settings: DEBUG off, the database connection pool; benchmarks.start_kit_web),
+on a scratch PostgreSQL database. Requests alternate between the two routes, one at a time, over
 kept-alive connections, so both see the same machine load:
 - direct:  GET <endpoint>/instances/<id>/lab/api/status with the token header;
 - gateway: the same path on the portal with the owner's session cookie, decision cached (a lab
@@ -15,17 +15,14 @@ the first request of a session under 10 ms (median).
 """
 
 import logging
-import os
 import secrets
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from benchmarks import scratch_database, summarize_ms
+from benchmarks import database_url, scratch_database, start_kit_web, summarize_ms
 
 DATABASE = "devcloud_bench_gateway"
 REQUESTS = 200
@@ -34,45 +31,6 @@ TARGET_RATIO = 1.3
 TARGET_FIRST_MS = 10
 # Production names the session cookie __Host-sessionid (portal/settings/production.py).
 PRODUCTION_SESSION_COOKIE = "__Host-sessionid"
-
-
-def _database_url(settings_dict) -> str:
-    user = settings_dict.get("USER") or "postgres"
-    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
-    host = settings_dict.get("HOST") or "127.0.0.1"
-    port = settings_dict.get("PORT") or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
-
-
-def _start_portal(port: int, database_url: str, log: Path) -> subprocess.Popen:
-    from django.conf import settings
-
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings.production",
-        "DATABASE_URL": database_url,
-        # The sessions are made in this process; the server must sign and check them with the same key.
-        "SECRET_KEY": settings.SECRET_KEY,
-        # Plain HTTP on loopback; in production nginx terminates TLS in front.
-        "SECURE_SSL_REDIRECT": "false",
-        "ALLOWED_HOSTS": "127.0.0.1",
-    }
-    env.pop("DATABASE_CONN_MAX_AGE", None)
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "portal.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    with open(log, "wb") as log_file:
-        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
 
 
 def _timed_get(client: httpx.Client, url: str, **kwargs) -> float:
@@ -110,7 +68,7 @@ def main() -> dict:
         )
         Instance.objects.filter(id=instance.id).update(driver_state={"endpoint": endpoint})
         port = free_port()
-        portal = _start_portal(port, _database_url(connection.settings_dict), scratch / "portal.log")
+        portal = start_kit_web(port, database_url(connection.settings_dict), scratch / "portal.log")
         try:
             gateway_url = f"http://127.0.0.1:{port}"
             wait_until(

@@ -58,6 +58,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import database_url as bench_database_url
 from benchmarks import scratch_database
 
 DATABASE = "devcloud_bench_launch"
@@ -90,14 +91,6 @@ class Sample:
     @property
     def outside_boot(self) -> float:
         return self.total - self.boot
-
-
-def _database_url(settings_dict) -> str:
-    user = settings_dict.get("USER") or "postgres"
-    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
-    host = settings_dict.get("HOST") or "127.0.0.1"
-    port = settings_dict.get("PORT") or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
 
 
 def _wait(predicate, what: str, timeout: float = TIMEOUT):
@@ -622,7 +615,7 @@ def main() -> dict:
                 actor=None,
                 idempotency_key=str(uuid.uuid4()),
             )
-        database_url = _database_url(connection.settings_dict)
+        database_url = bench_database_url(connection.settings_dict)
         # What the deploy kit's environment file gives the workers, pointed at this run's database, Redis
         # and queues.
         worker_env = {

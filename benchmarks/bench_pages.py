@@ -5,9 +5,10 @@ with 10,000 developers and 1,000,000 ledger entries.
 - Seeded in a scratch PostgreSQL database: 10,000 users, each with a credit account, 100 ledger
   entries spread over the last 70 days and 3 stopped instances; the 50 users locust plays also have one
   running instance, whose status JSON they poll.
-- The portal runs under uvicorn in its own processes (WEB_WORKERS of them) with the production settings
-  (portal.settings.production: its database connection pool, DEBUG off), as the deploy kit serves it,
-  over plain HTTP on loopback (SECURE_SSL_REDIRECT off; nginx terminates TLS in production).
+- The portal runs as the deploy kit's web unit runs it (its exact uvicorn command line, one worker
+  process per core) with the production settings (portal.settings.production: its database connection
+  pool, DEBUG off), over plain HTTP on loopback (SECURE_SSL_REDIRECT off; nginx terminates TLS in
+  production).
 - locust (benchmarks/locust_pages.py) plays 50 users for LOAD_SECONDS after they have all started:
   each opens the dashboard and the instance list now and then and polls its status JSON, 0.5-1.5 s
   apart, as a person with the launch page open does.
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import scratch_database, summarize_ms
+from benchmarks import database_url, scratch_database, start_kit_web, summarize_ms
 
 DATABASE = "devcloud_bench_pages"
 USERS = int(os.environ.get("BENCH_PAGES_USERS_SEEDED", "10000"))
@@ -37,18 +38,11 @@ LEDGER_PER_USER = 100
 INSTANCES_PER_USER = 3
 CONCURRENT = int(os.environ.get("BENCH_PAGES_CONCURRENT", "50"))
 LOAD_SECONDS = int(os.environ.get("BENCH_PAGES_SECONDS", "40"))
-WEB_WORKERS = 2
+# The kit's web unit runs one worker process per core (benchmarks.start_kit_web).
+WEB_WORKERS = os.cpu_count() or 1
 TARGET_P95_MS = 50
 BASELINE_REQUESTS = 50
 PAGES = {"dashboard": "/", "instance list": "/instances/", "status JSON": "/instances/{instance}/status.json"}
-
-
-def _database_url(settings_dict) -> str:
-    user = settings_dict.get("USER") or "postgres"
-    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
-    host = settings_dict.get("HOST") or "127.0.0.1"
-    port = settings_dict.get("PORT") or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
 
 
 def _seed() -> list:
@@ -171,26 +165,6 @@ def _queries_per_page(people) -> dict:
 PRODUCTION_SESSION_COOKIE = "__Host-sessionid"
 
 
-def _start_portal(port: int, database_url: str, log: Path) -> subprocess.Popen:
-    from django.conf import settings
-
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings.production",
-        "DATABASE_URL": database_url,
-        "SECRET_KEY": settings.SECRET_KEY,
-        "SECURE_SSL_REDIRECT": "false",
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "STATIC_ROOT": str(log.parent / "static"),
-    }
-    env.pop("DATABASE_CONN_MAX_AGE", None)
-    command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--workers", str(WEB_WORKERS)]
-    command += ["--log-level", "warning", "--no-access-log"]
-    with open(log, "wb") as log_file:
-        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
-
-
 def _baseline(url: str, people) -> dict:
     """Each page fetched one request at a time, nothing else running: what the load adds to."""
     samples = {name: [] for name in PAGES}
@@ -272,7 +246,7 @@ def main() -> dict:
         people_file.write_text(json.dumps(people))
         queries = _queries_per_page(people)
         port = free_port()
-        portal = _start_portal(port, _database_url(connection.settings_dict), scratch / "portal.log")
+        portal = start_kit_web(port, database_url(connection.settings_dict), scratch / "portal.log")
         url = f"http://127.0.0.1:{port}"
         try:
             wait_until(
