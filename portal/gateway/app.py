@@ -54,8 +54,8 @@ class Gateway:
         return any(route.match(path) for route in (LAB_PATH, AUTH_PATH, OPEN_PATH, REDEEM_PATH))
 
     def client(self):
-        # httpx pools connections per event loop; a second loop (tests start servers in threads)
-        # gets its own client.
+        # The client pools connections on one event loop; a second loop (tests start servers in
+        # threads) gets its own client.
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
             self._client, self._client_loop = new_client(), loop
@@ -63,7 +63,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         if self._client is not None and self._client_loop is asyncio.get_running_loop():
-            await self._client.aclose()
+            await self._client.close()
         self._client = None
 
     @staticmethod

@@ -137,7 +137,7 @@ def upstream_request_headers(scope, token: str, endpoint: str) -> list[tuple[str
         and name not in connection_tokens
         and not name.startswith("sec-websocket-")
     ]
-    # Only encodings httpx can decode, so the gateway can read (and scrub) any body it has to.
+    # Only encodings the gateway can decode (http_proxy._decoded), so it can scrub any page it has to.
     accepted = [e.strip() for e in headers.get("accept-encoding", "").split(",")]
     usable = [e for e in accepted if e.split(";")[0].strip() in ("gzip", "deflate", "identity")]
     result = [(name, value) for name, value in result if name != "accept-encoding"]

@@ -6,9 +6,11 @@ bytes the browser sent, so percent-encoded file names in the contents API surviv
 
 import asyncio
 import logging
-from http.cookiejar import CookieJar, DefaultCookiePolicy
+import zlib
 
-import httpx
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
 
 from . import pages
 from .headers import decoded_headers, downstream_response_headers, upstream_request_headers
@@ -16,24 +18,31 @@ from .headers import decoded_headers, downstream_response_headers, upstream_requ
 logger = logging.getLogger(__name__)
 
 # Connecting to a container on the same host or network takes milliseconds; if it takes seconds the
-# container is not there. Reads can be slow (a big download, a slow contents request), and pooled
-# keep-alive connections are what makes the gateway cheap.
-TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=300.0, pool=10.0)
-LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30.0)
+# container is not there (sock_connect; `connect` also covers waiting for a pooled connection). Reads
+# can be slow (a big download, a slow contents request), and pooled keep-alive connections are what
+# makes the gateway cheap.
+TIMEOUT = aiohttp.ClientTimeout(total=None, connect=15.0, sock_connect=5.0, sock_read=300.0)
+# Everything that can go wrong on the way to or from JupyterLab: refused, unreachable, timed out, cut off.
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
-def new_client() -> httpx.AsyncClient:
+def new_client() -> aiohttp.ClientSession:
     """The one client the gateway shares across requests (connection pooling per instance endpoint).
 
-    Its cookie jar refuses every cookie: the client serves every user, so a cookie it kept from one
-    response would be sent on another user's request. Cookies travel only in each request's headers.
+    aiohttp rather than httpx: per request it costs about a third of httpx's time, which is most of
+    what the gateway adds to a lab request (benchmarks/bench_gateway.py). Its cookie jar keeps nothing:
+    the client serves every user, so a cookie it kept from one response would be sent on another
+    user's request; cookies travel only in each request's headers. Bodies come as JupyterLab sent them
+    (no decompression) and nothing from the environment (proxies) applies.
     """
-    return httpx.AsyncClient(
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0, keepalive_timeout=30.0),
         timeout=TIMEOUT,
-        limits=LIMITS,
-        follow_redirects=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
         trust_env=False,
-        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+        # The browser's own Accept-Encoding (narrowed to what the gateway can decode) or none.
+        skip_auto_headers=("Accept-Encoding", "User-Agent"),
     )
 
 
@@ -76,6 +85,25 @@ async def _scrubbed(chunks, secret: bytes):
         yield pending
 
 
+async def _decoded(chunks, encoding: str):
+    """Yields `chunks` decompressed per Content-Encoding (gzip, deflate or none: what the gateway asks
+    JupyterLab for), so a page can be scrubbed of its token."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        async for chunk in chunks:
+            yield chunk
+        return
+    # 16 + MAX_WBITS reads a gzip wrapper; 32 + MAX_WBITS reads zlib or gzip (HTTP "deflate" is zlib).
+    decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else 32 + zlib.MAX_WBITS)
+    async for chunk in chunks:
+        data = decoder.decompress(chunk)
+        if data:
+            yield data
+    tail = decoder.flush()
+    if tail:
+        yield tail
+
+
 async def reply(send, answer: pages.Reply, *, head: bool = False) -> None:
     headers = list(answer.headers)
     if answer.body:
@@ -84,7 +112,7 @@ async def reply(send, answer: pages.Reply, *, head: bool = False) -> None:
     await send({"type": "http.response.body", "body": b"" if head else answer.body})
 
 
-async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decision, prefix: str) -> None:
+async def proxy_http(scope, receive, send, *, client: aiohttp.ClientSession, decision, prefix: str) -> None:
     """Sends the request in `scope` to `decision.endpoint` and streams JupyterLab's answer back.
 
     Answers 502 (a page saying JupyterLab isn't answering) when the container refuses the connection,
@@ -93,28 +121,33 @@ async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decisio
     """
     headers = decoded_headers(scope)
     query = scope.get("query_string", b"")
-    url = decision.endpoint + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+    target = decision.endpoint + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
     if query:
-        url += "?" + query.decode("latin-1")
+        target += "?" + query.decode("latin-1")
     has_body = "content-length" in headers or "transfer-encoding" in headers
-    request = client.build_request(
-        scope["method"],
-        url,
-        headers=upstream_request_headers(scope, decision.token, decision.endpoint),
-        content=_request_body(receive) if has_body else None,
-    )
+
+    def send_upstream():
+        # encoded=True: the path goes exactly as the browser sent it, percent-encoding and all.
+        return client.request(
+            scope["method"],
+            URL(target, encoded=True),
+            headers=CIMultiDict(upstream_request_headers(scope, decision.token, decision.endpoint)),
+            data=_request_body(receive) if has_body else None,
+            allow_redirects=False,
+        )
+
     try:
         try:
-            upstream = await client.send(request, stream=True)
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            upstream = await send_upstream()
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             # A kept-alive connection JupyterLab closed just as it was reused. A GET or HEAD can be
             # sent again, once, on a new connection; anything else may already have had its effect.
             if has_body or scope["method"] not in ("GET", "HEAD"):
                 raise
-            upstream = await client.send(request, stream=True)
+            upstream = await send_upstream()
     except ClientGone:
         return
-    except (httpx.TransportError, httpx.InvalidURL) as error:
+    except (*UPSTREAM_ERRORS, ValueError) as error:
         logger.info("gateway: %s %s upstream failed: %r", scope["method"], scope["path"], error)
         answer = pages.upstream_down(headers, path_with_query(scope))
         await reply(send, answer, head=scope["method"] == "HEAD")
@@ -124,9 +157,9 @@ async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decisio
         rewrite = content_type.startswith("text/html") and bool(decision.token)
         start = {
             "type": "http.response.start",
-            "status": upstream.status_code,
+            "status": upstream.status,
             "headers": downstream_response_headers(
-                upstream.headers.raw, path_prefix=prefix, endpoint=decision.endpoint, rewrite_body=rewrite
+                upstream.raw_headers, path_prefix=prefix, endpoint=decision.endpoint, rewrite_body=rewrite
             ),
         }
         if not rewrite and _small(upstream):
@@ -134,8 +167,8 @@ async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decisio
             # them in one message, without the two tasks that stream a large body and watch for the
             # browser leaving, which cost more than the request itself.
             try:
-                body = b"".join([chunk async for chunk in upstream.aiter_raw()])
-            except httpx.TransportError as error:
+                body = await upstream.read()
+            except UPSTREAM_ERRORS as error:
                 logger.info("gateway: %s %s upstream broke: %r", scope["method"], scope["path"], error)
                 answer = pages.upstream_down(headers, path_with_query(scope))
                 return await reply(send, answer, head=scope["method"] == "HEAD")
@@ -143,7 +176,12 @@ async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decisio
             await send({"type": "http.response.body", "body": body})
             return
         await send(start)
-        body = _scrubbed(upstream.aiter_bytes(), decision.token.encode()) if rewrite else upstream.aiter_raw()
+        raw = upstream.content.iter_any()
+        if rewrite:
+            decoded = _decoded(raw, upstream.headers.get("content-encoding", ""))
+            body = _scrubbed(decoded, decision.token.encode())
+        else:
+            body = raw
         # uvicorn drops what is sent after the browser left without saying so; watching for the
         # disconnect stops pulling a large download from the container for nobody.
         streaming = asyncio.ensure_future(_forward_body(body, send))
@@ -156,17 +194,17 @@ async def proxy_http(scope, receive, send, *, client: httpx.AsyncClient, decisio
             await asyncio.gather(streaming, watching, return_exceptions=True)
         if streaming.done() and not streaming.cancelled() and streaming.exception():
             raise streaming.exception()
-    except httpx.TransportError as error:
+    except (*UPSTREAM_ERRORS, zlib.error) as error:
         logger.info("gateway: %s %s upstream broke mid-response: %r", scope["method"], scope["path"], error)
     finally:
-        await upstream.aclose()
+        upstream.release()
 
 
 # Bodies up to this size (by Content-Length) are read whole rather than streamed.
 SMALL_BODY = 64 * 1024
 
 
-def _small(upstream: httpx.Response) -> bool:
+def _small(upstream: aiohttp.ClientResponse) -> bool:
     length = upstream.headers.get("content-length", "")
     return length.isdigit() and int(length) <= SMALL_BODY
 
