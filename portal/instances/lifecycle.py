@@ -16,6 +16,7 @@ Celery tasks (portal/instances/tasks.py) are thin wrappers; retries of transient
 """
 
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -55,6 +56,13 @@ FRESH_LAUNCH_GRACE = timedelta(seconds=60)
 # `docker run`). Until JupyterLab listens a poll is a refused or reset connection, and then one cheap
 # request, so 20 a second per starting instance costs next to nothing.
 READY_POLL_SECONDS = 0.05
+# JupyterLab prints this once it listens (Jupyter Server's start-up banner). A driver that can follow an
+# instance's output (Driver.watches_output) tells the wait when it appears; until then the wait asks only
+# once a second, so a burst of starting instances does not spend the CPU their start-up needs on polls
+# (thirty launches polling 20 times a second took a third of a core). The slow poll still finds a lab
+# that never prints the line.
+JUPYTER_SERVING_LINE = "Use Control-C to stop this server"
+READY_POLL_UNTIL_SERVING_SECONDS = 1.0
 # How often the readiness wait also asks the driver whether the container still runs, and the
 # database whether the instance was stopped meanwhile.
 READY_CHECK_EVERY = 1.0
@@ -198,33 +206,63 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
     next_check = time.monotonic() + READY_CHECK_EVERY
     headers = {"Authorization": f"token {instance.jupyter_token}"}
     url = status_url(instance, endpoint)
-    # trust_env=False: a proxy from the environment must never sit between the portal and an instance.
-    with httpx.Client(timeout=STATUS_REQUEST_TIMEOUT, trust_env=False, follow_redirects=False) as client:
-        while True:
-            try:
-                if client.get(url, headers=headers).status_code == 200:
-                    return ReadyOutcome(ready=True)
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + READY_CHECK_EVERY
-                if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists():
-                    return ReadyOutcome(aborted=True)
-                seen = driver.poll(instance)
-                if not seen.running:
-                    code = f" with exit code {seen.exit_code}" if seen.exit_code is not None else ""
+    serving, done = _watch_for_serving_line(instance, driver, deadline)
+    try:
+        # trust_env=False: a proxy from the environment must never sit between the portal and an instance.
+        with httpx.Client(timeout=STATUS_REQUEST_TIMEOUT, trust_env=False, follow_redirects=False) as client:
+            while True:
+                try:
+                    if client.get(url, headers=headers).status_code == 200:
+                        return ReadyOutcome(ready=True)
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + READY_CHECK_EVERY
+                    if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists():
+                        return ReadyOutcome(aborted=True)
+                    seen = driver.poll(instance)
+                    if not seen.running:
+                        code = f" with exit code {seen.exit_code}" if seen.exit_code is not None else ""
+                        return ReadyOutcome(
+                            reason=f"The container {'exited' if seen.status == 'exited' else 'disappeared'}"
+                            f"{code} before JupyterLab answered. {NOTHING_CHARGED} Launch again; if it happens "
+                            "again, try another image or tell the operators."
+                        )
+                if time.monotonic() >= deadline:
                     return ReadyOutcome(
-                        reason=f"The container {'exited' if seen.status == 'exited' else 'disappeared'}{code} "
-                        f"before JupyterLab answered. {NOTHING_CHARGED} Launch again; if it happens again, "
-                        "try another image or tell the operators."
+                        reason=f"JupyterLab did not answer within {timeout} seconds, so the launch was stopped. "
+                        f"{NOTHING_CHARGED} Launch again; if it happens again, tell the operators "
+                        f"(instance {instance.short_id})."
                     )
-            if time.monotonic() >= deadline:
-                return ReadyOutcome(
-                    reason=f"JupyterLab did not answer within {timeout} seconds, so the launch was stopped. "
-                    f"{NOTHING_CHARGED} Launch again; if it happens again, tell the operators "
-                    f"(instance {instance.short_id})."
-                )
-            time.sleep(min(READY_POLL_SECONDS, max(deadline - time.monotonic(), 0.01)))
+                interval = READY_POLL_SECONDS if serving.is_set() else READY_POLL_UNTIL_SERVING_SECONDS
+                # Wakes at once when the serving line appears.
+                serving.wait(min(interval, max(deadline - time.monotonic(), 0.01)))
+    finally:
+        done.set()
+
+
+def _watch_for_serving_line(instance: Instance, driver, deadline: float):
+    """Starts following the instance's output for JUPYTER_SERVING_LINE; returns (serving, done) events.
+
+    `serving` is set when the line appears, when the output ends (the poll then finds out why) and at
+    once for a driver that cannot follow output, so the readiness wait polls fast from the start.
+    Setting `done` ends the following.
+    """
+    serving, done = threading.Event(), threading.Event()
+    if not driver.watches_output:
+        serving.set()
+        return serving, done
+
+    def follow():
+        try:
+            driver.wait_for_output(instance, JUPYTER_SERVING_LINE, deadline, done)
+        except DriverError as error:
+            logger.info("instance %s: could not follow its output (%s); polling instead", instance.id, error)
+        finally:
+            serving.set()
+
+    threading.Thread(target=follow, name=f"serving-{instance.short_id}", daemon=True).start()
+    return serving, done
 
 
 def _stop_quietly(driver, instance) -> bool:

@@ -61,6 +61,11 @@ class Driver:
     logs(instance, tail) -> str
         The last `tail` lines the instance printed, for the operator console, with its Jupyter token
         blanked out. "" when there is nothing (never started, or removed).
+    wait_for_output(instance, text, deadline, cancelled) -> bool
+        Blocks until the instance prints a line containing `text` (True), or its output ends (it exited
+        or was removed), time.monotonic() passes `deadline` or `cancelled` (a threading.Event) is set
+        (False). Only when `watches_output`; the readiness wait uses it to learn when JupyterLab
+        listens without asking it many times a second. Raises DriverError like poll.
     authorized_keys_set(instance, text) -> bool
         Makes `text` the public keys the instance's sshd trusts. False when the instance has nothing
         running to put them in, or the driver runs no sshd (the default). Raises DriverError like poll.
@@ -73,6 +78,8 @@ class Driver:
     name = "base"
     # Whether containers see only their own GPUs. The local driver cannot promise that.
     isolates_gpus = True
+    # Whether wait_for_output can follow what an instance prints.
+    watches_output = False
 
     def __init__(self, host):
         self.host = host
@@ -91,6 +98,9 @@ class Driver:
 
     def logs(self, instance, tail: int = 100) -> str:
         return ""
+
+    def wait_for_output(self, instance, text: str, deadline: float, cancelled) -> bool:
+        raise NotImplementedError
 
     def authorized_keys_set(self, instance, text: str) -> bool:
         return False

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import weakref
 
@@ -356,6 +357,43 @@ class DockerDriver(Driver):
         except Exception as error:
             raise self._api_error(error, "reading the container's log") from error
         return hide_token(text, instance.jupyter_token)
+
+    watches_output = True
+
+    def wait_for_output(self, instance, text: str, deadline: float, cancelled) -> bool:
+        """Follows the container's output (the engine's log stream: no polling) until a line contains
+        `text`; see Driver. The stream is closed from a helper thread at the deadline or on `cancelled`."""
+        try:
+            container = self._find_container(self.client(), container_name(instance))
+            if container is None:
+                return False
+            stream = container.logs(stdout=True, stderr=True, stream=True, follow=True)
+        except docker.errors.NotFound:
+            return False
+        except Exception as error:
+            raise self._api_error(error, "following the container's output") from error
+        finished = threading.Event()
+
+        def close_when_due():
+            while not finished.wait(0.5):
+                if cancelled.is_set() or time.monotonic() >= deadline:
+                    break
+            stream.close()
+
+        threading.Thread(target=close_when_due, name="output-deadline", daemon=True).start()
+        needle, tail = text.encode(), b""
+        try:
+            for chunk in stream:
+                seen = tail + chunk
+                if needle in seen:
+                    return True
+                tail = seen[-len(needle) :]
+        except Exception:
+            # Closed at the deadline, or the engine went away: the caller's poll says which.
+            return False
+        finally:
+            finished.set()
+        return False
 
     # --- Images (operator actions) ----------------------------------------------------------------
 
