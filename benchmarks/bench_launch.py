@@ -20,7 +20,9 @@ the production settings, and queues of their own for this run.
   its own), `docker volume create` (the workspace), then `docker run -d` with the hardening of the
   portal's own container (user, dropped capabilities, no-new-privileges, memory, CPUs, pids, shm, IPC,
   the stand-in GPU devices and their groups, log limits; read from the warm-up launch's container), the
-  same environment and published ports; then GET /api/status on its port until it answers 200.
+  same environment and published ports; then, as the portal's readiness wait does, it follows the
+  container's output until JupyterLab says it serves and asks GET /api/status on its port until it
+  answers 200.
 
 Single launches alternate portal / plain, REPEAT times each after one warm-up of both, every instance
 stopped (and its teardown finished) before the next. Each burst (BURSTS: 10 and 30) fires that many
@@ -114,6 +116,25 @@ def _now() -> datetime:
     from django.utils import timezone
 
     return timezone.now()
+
+
+def _wait_for_serving_line(container, timeout: float = TIMEOUT) -> None:
+    """Blocks until the container prints SERVING_LINE, its output ends, or `timeout` seconds pass."""
+    stream = container.logs(stdout=True, stderr=True, stream=True, follow=True)
+    deadline = threading.Timer(timeout, stream.close)
+    deadline.start()
+    tail = b""
+    try:
+        for chunk in stream:
+            seen = tail + chunk
+            if SERVING_LINE.encode() in seen:
+                return
+            tail = seen[-len(SERVING_LINE) :]
+    except Exception:  # noqa: BLE001  (closed at the deadline: the poll that follows reports it)
+        return
+    finally:
+        deadline.cancel()
+        stream.close()
 
 
 def _docker_time(text: str) -> datetime:
@@ -403,6 +424,11 @@ class Plain:
             ["docker", "port", run.stdout.strip(), "8888/tcp"], check=True, capture_output=True, text=True
         ).stdout.split()[0]
         url = f"http://{published}{base}api/status"
+        # The clock waits as the portal's readiness wait does (portal/instances/lifecycle.py): on the
+        # container's output until JupyterLab says it serves, then asking /api/status. Asking from the
+        # start 20 times a second would spend on the clock the CPU a burst's start-ups need, and
+        # handicap this side.
+        _wait_for_serving_line(docker_client().containers.get(run.stdout.strip()))
         with client:
             _wait(lambda: _answers(client, url), "plain docker run to answer")
         total = time.perf_counter() - started
