@@ -6,3 +6,7 @@ from .base import BASE_DIR, env
 (BASE_DIR / "var").mkdir(exist_ok=True)
 
 DEBUG = env.bool("DEBUG", default=True)
+# Static files are copied, not compressed: whitenoise's gzip and brotli pass over every file (20 MB with
+# the API docs' assets) took most of `make run`'s start on a small machine, every time. Production
+# (base settings) serves them compressed.
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
