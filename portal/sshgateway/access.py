@@ -8,6 +8,7 @@ That is exactly what the instance's own sshd checks (its authorized_keys hold th
 pasting Alice's public key into Mallory's account lets Alice into Mallory's instances, never the reverse.
 """
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -23,6 +24,7 @@ SSH_PORT = 22
 # Accepted ways to name an instance: its short id, its full id, or the container's hostname.
 HOSTNAME_PREFIX = "devcloud-"
 _HEX = re.compile(r"^[0-9a-f-]{8,36}$")
+SHORT_ID_LENGTH = 8
 
 
 class Refused(Exception):
@@ -62,12 +64,27 @@ def key_is_known(fingerprint: str) -> bool:
 
 
 def _instance_id_prefix(target: str) -> str | None:
-    """The lower-case id or id prefix named by `target` ("1a2b3c4d", "devcloud-1a2b3c4d", a full id),
-    or None when it cannot name an instance."""
+    """The lower-case id or id prefix that `target` names ("1a2b3c4d", "devcloud-1a2b3c4d", a full id), or
+    None when it cannot name an instance.
+
+    A short id made only of digits reaches the gateway as an IPv4 address: OpenSSH reads a hostname the
+    way inet_aton does, so "63082398" arrives as "3.194.143.158" (decimal) and "01234567" as "0.5.57.119"
+    (a leading zero reads as octal). Such an address is read back into the digits it came from; the two
+    readings never overlap (eight decimal digits are at least 10**7, seven octal ones below 8**7).
+    """
     name = target.strip().lower()
     if name.startswith(HOSTNAME_PREFIX):
         name = name[len(HOSTNAME_PREFIX) :]
-    return name if _HEX.match(name) else None
+    if _HEX.match(name):
+        return name
+    try:
+        number = int(ipaddress.IPv4Address(name))
+    except ValueError:
+        return None
+    decimal, octal = str(number), format(number, "o")
+    if len(decimal) == SHORT_ID_LENGTH:
+        return decimal
+    return octal.zfill(SHORT_ID_LENGTH) if len(octal) < SHORT_ID_LENGTH else None
 
 
 def _running_list(users) -> str:
@@ -101,12 +118,14 @@ def route_for(*, fingerprint: str, target: str, port: int) -> Route:
             .select_related("user", "image")
             .order_by("-created_at")[:2]
         )
-        if prefix and len(prefix) >= 8
+        if prefix and len(prefix) >= SHORT_ID_LENGTH
         else []
     )
     if not matches:
+        # The name as typed: digits that arrived as an address are shown as the digits.
+        named = target if prefix is None or prefix in target.lower() else prefix
         raise Refused(
-            f"You have no instance named {target!r}. Your running instances: {_running_list(users)}. "
+            f"You have no instance named {named!r}. Your running instances: {_running_list(users)}. "
             f"Connect with: {gateway_command()}"
         )
     if len(matches) > 1:

@@ -235,8 +235,8 @@ def launch(docker_portal, host, image):
     """launch(user) -> a RUNNING instance of the CPU image on the real engine, started by the docker
     driver as a launch does, with the owner's keys in it."""
 
-    def make(user, *, minor=128) -> Instance:
-        instance = make_instance(user, image, host)
+    def make(user, *, minor=128, **fields) -> Instance:
+        instance = make_instance(user, image, host, **fields)
         result = DockerDriver(host).start(instance, list(host.gpus.filter(render_minor=minor)))
         now = timezone.now()
         Instance.objects.filter(pk=instance.pk).update(

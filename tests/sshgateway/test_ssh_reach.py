@@ -4,6 +4,7 @@ JupyterLab, on the host's private address only."""
 
 import subprocess
 import time
+import uuid
 
 import httpx
 import pytest
@@ -43,6 +44,26 @@ def test_it_copies_a_file_both_ways_with_scp(alice, keygen, ssh_as, launch, tmp_
     assert down.returncode == 0, down.stderr
     assert (tmp_path / "back.py").read_bytes() == sent.read_bytes()
     assert ssh.run(instance.short_id, "wc -c < /workspace/train.py").stdout.strip() == str(sent.stat().st_size)
+
+
+@pytest.mark.parametrize(
+    "instance_id",
+    [
+        # OpenSSH reads an all-digit hostname as inet_aton does: this one arrives as 3.194.143.158 ...
+        "63082398-0000-4000-8000-000000000001",
+        # ... and with a leading zero as octal: this one arrives as 0.5.57.119.
+        "01234567-0000-4000-8000-000000000002",
+    ],
+)
+def test_an_instance_whose_short_id_is_all_digits_is_reached_by_it(alice, keygen, ssh_as, launch, instance_id):
+    key = keygen("alice-laptop")
+    add_key(alice, key, "laptop")
+    instance = launch(alice, id=uuid.UUID(instance_id))
+
+    result = ssh_as(key).run(instance.short_id, "hostname")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"devcloud-{instance.short_id}"
 
 
 def test_ssh_L_reaches_jupyterlab_inside(alice, keygen, ssh_as, launch):

@@ -2,6 +2,7 @@
 user would, and the sentence each one reads."""
 
 import subprocess
+import uuid
 
 import pytest
 from django.utils import timezone
@@ -18,11 +19,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.
 DENIED = "Permission denied (publickey)"
 
 
-def test_another_persons_key_reaches_neither_the_instance_nor_its_sshd(alice, bob, keygen, ssh_as, launch):
+# A short id of digits only reaches the gateway as an IPv4 address (OpenSSH reads it as inet_aton
+# does); the gateway reads it back, and that reading must not open someone else's instance either.
+@pytest.mark.parametrize("fields", [{}, {"id": uuid.UUID("63082398-0000-4000-8000-000000000001")}], ids=["hex", "digits"])
+def test_another_persons_key_reaches_neither_the_instance_nor_its_sshd(alice, bob, keygen, ssh_as, launch, fields):
     alice_key, bob_key = keygen("alice-laptop"), keygen("bob-laptop")
     add_key(alice, alice_key, "laptop")
     add_key(bob, bob_key, "laptop")
-    instance = launch(alice)
+    instance = launch(alice, **fields)
     bob_ssh = ssh_as(bob_key)
 
     through_gateway = bob_ssh.run(instance.short_id, "id")

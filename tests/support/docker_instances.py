@@ -71,7 +71,7 @@ def make_image(reference: str, key: str = "cpu-drv") -> Image:
     return image
 
 
-def make_instance(user, image: Image, host: GpuHost, size: str = "1x") -> Instance:
+def make_instance(user, image: Image, host: GpuHost, size: str = "1x", **fields) -> Instance:
     return Instance.objects.create(
         user=user,
         size=size,
@@ -79,6 +79,7 @@ def make_instance(user, image: Image, host: GpuHost, size: str = "1x") -> Instan
         host=host,
         state=Instance.State.PROVISIONING,
         jupyter_token=secrets.token_hex(24),
+        **fields,
     )
 
 
