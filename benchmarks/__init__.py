@@ -59,11 +59,15 @@ def database_url(settings_dict) -> str:
     return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
 
 
-def start_kit_web(port: int, url: str, log: Path) -> subprocess.Popen:
+def start_kit_web(
+    port: int, url: str, log: Path, *, app: str = "", env: dict | None = None
+) -> subprocess.Popen:
     """The portal as the deploy kit's web unit runs it, on `port` against database `url`.
 
     The unit's exact command line (deploy/systemd/devcloud-web.service) with the production settings;
     only the port differs, and the number of worker processes follows the unit's rule, one per core.
+    `app` serves another ASGI application with that same command line (a baseline to compare with),
+    and `env` adds to its environment.
     Plain HTTP on loopback (SECURE_SSL_REDIRECT off): nginx terminates TLS in production. Sessions the
     bench makes in its own process are valid there (same SECRET_KEY).
     """
@@ -79,10 +83,13 @@ def start_kit_web(port: int, url: str, log: Path) -> subprocess.Popen:
         "SECURE_SSL_REDIRECT": "false",
         "ALLOWED_HOSTS": "127.0.0.1",
         "STATIC_ROOT": str(log.parent / "static"),
+        **(env or {}),
     }
     env.pop("DATABASE_CONN_MAX_AGE", None)
     command = exec_start("devcloud-web.service")
     command[command.index("--port") + 1] = str(port)
     command[command.index("--workers") + 1] = str(os.cpu_count() or 1)
+    if app:
+        command[command.index("portal.asgi:application")] = app
     with open(log, "wb") as log_file:
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)

@@ -8,7 +8,10 @@ kept-alive connections, so both see the same machine load:
 - gateway: the same path on the portal with the owner's session cookie, decision cached (a lab
   page load is a burst of requests from one session);
 - gateway, uncached: each request from a new session (the first request of a session), so every one
-  pays the session, user and instance reads, on a pooled connection.
+  pays the session, user and instance reads, on a pooled connection;
+- minimal proxy: benchmarks/minimal_proxy.py on the same uvicorn command line, forwarding to the same
+  JupyterLab with the gateway's aiohttp client settings and nothing else (no session, no decision, no
+  header rewriting): the cost of the extra hop itself, which a gateway written this way cannot beat.
 
 Targets: the cached gateway's median within 1.3 times direct's, measured alternately in the same run;
 the first request of a session under 10 ms (median).
@@ -69,12 +72,24 @@ def main() -> dict:
         Instance.objects.filter(id=instance.id).update(driver_state={"endpoint": endpoint})
         port = free_port()
         portal = start_kit_web(port, database_url(connection.settings_dict), scratch / "portal.log")
+        proxy_port = free_port()
+        proxy = start_kit_web(
+            proxy_port,
+            database_url(connection.settings_dict),
+            scratch / "proxy.log",
+            app="benchmarks.minimal_proxy:app",
+            env={"BENCH_PROXY_UPSTREAM": endpoint},
+        )
         try:
             gateway_url = f"http://127.0.0.1:{port}"
             wait_until(
                 lambda: httpx.get(f"{gateway_url}/accounts/login/").status_code == 200,
                 timeout=60,
                 what="the portal to answer",
+            )
+            proxy_url = f"http://127.0.0.1:{proxy_port}"
+            wait_until(
+                lambda: httpx.get(proxy_url + "/").status_code, timeout=60, what="the minimal proxy to answer"
             )
             path = f"/instances/{instance.id}/lab/api/status"
 
@@ -84,7 +99,7 @@ def main() -> dict:
                 return browser.cookies[settings.SESSION_COOKIE_NAME].value
 
             fresh_sessions = [new_session() for _ in range(REQUESTS)]
-            direct, cached, uncached = [], [], []
+            direct, cached, uncached, minimal = [], [], [], []
             with (
                 httpx.Client(headers={"Authorization": f"token {token}"}) as to_lab,
                 httpx.Client(cookies={PRODUCTION_SESSION_COOKIE: new_session()}) as to_gateway,
@@ -93,21 +108,24 @@ def main() -> dict:
                 for _ in range(WARMUP):
                     _timed_get(to_lab, endpoint + path)
                     _timed_get(to_gateway, gateway_url + path)
+                    _timed_get(to_lab, proxy_url + path)
                 for number in range(REQUESTS):
                     direct.append(_timed_get(to_lab, endpoint + path))
                     cached.append(_timed_get(to_gateway, gateway_url + path))
                     cookie = {"Cookie": f"{PRODUCTION_SESSION_COOKIE}={fresh_sessions[number]}"}
                     uncached.append(_timed_get(to_gateway_cold, gateway_url + path, headers=cookie))
+                    minimal.append(_timed_get(to_lab, proxy_url + path))
         finally:
-            portal.terminate()
-            lab.terminate()
-            portal.wait(timeout=15)
-            lab.wait(timeout=15)
+            for process in (portal, proxy, lab):
+                process.terminate()
+            for process in (portal, proxy, lab):
+                process.wait(timeout=15)
 
     figures = {
         "direct": summarize_ms(direct),
         "gateway": summarize_ms(cached),
         "gateway_uncached": summarize_ms(uncached),
+        "minimal_proxy": summarize_ms(minimal),
     }
     base = figures["direct"]["median_ms"]
     print(f"GET /api/status, {REQUESTS} requests each, one at a time (medians; baseline: direct)")
@@ -131,4 +149,5 @@ def main() -> dict:
         "gateway_uncached_median_ms": figures["gateway_uncached"]["median_ms"],
         "gateway_ratio": round(figures["gateway"]["median_ms"] / base, 2) if base else None,
         "gateway_uncached_ratio": round(figures["gateway_uncached"]["median_ms"] / base, 2) if base else None,
+        "minimal_proxy_ratio": round(figures["minimal_proxy"]["median_ms"] / base, 2) if base else None,
     }
