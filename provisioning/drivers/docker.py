@@ -58,6 +58,12 @@ GIB = 1024**3
 MAX_SHM_BYTES = 64 * GIB
 # Seconds to wait for the network or container a concurrent start of the same instance is making.
 RACE_WAIT_SECONDS = 5
+# How long a worker trusts the CPU count it read from an engine. `info` is one of the engine's slower
+# calls, and every start needs the count (a container cannot be given more CPUs than its engine has); it
+# changes only when the machine does, so a burst of starts reads it once.
+ENGINE_CPUS_SECONDS = 60.0
+_engine_cpus: dict[str, tuple[float, int]] = {}
+_engine_cpus_lock = threading.Lock()
 
 
 def api_timeout() -> int:
@@ -101,6 +107,20 @@ def instance_labels(instance, gpus=()) -> dict[str, str]:
         "devcloud.user": str(instance.user_id),
         "devcloud.gpus": ",".join(str(gpu.render_minor) for gpu in gpus),
     }
+
+
+def engine_cpu_count(client) -> int:
+    """The engine's CPU count, read at most once per ENGINE_CPUS_SECONDS per engine address."""
+    key = client.api.base_url
+    now = time.monotonic()
+    with _engine_cpus_lock:
+        known = _engine_cpus.get(key)
+    if known is not None and known[0] > now:
+        return known[1]
+    cpus = client.info().get("NCPU") or 1
+    with _engine_cpus_lock:
+        _engine_cpus[key] = (now + ENGINE_CPUS_SECONDS, cpus)
+    return cpus
 
 
 class DockerDriver(Driver):
@@ -541,7 +561,9 @@ class DockerDriver(Driver):
         except docker.errors.NotFound:
             pass
         try:
-            return client.networks.create(
+            # The low-level call: the SDK's networks.create inspects the new network again, one more
+            # engine call per launch that tells nothing the caller uses (it needs the name and id).
+            made = client.api.create_network(
                 name,
                 driver="bridge",
                 check_duplicate=True,
@@ -552,6 +574,7 @@ class DockerDriver(Driver):
                     "com.docker.network.bridge.name": f"dc-{instance.id.hex[:12]}",
                 },
             )
+            return client.networks.prepare_model({"Id": made["Id"], "Name": name})
         except docker.errors.APIError as error:
             # A concurrent attempt (a redelivered task, or the reconciler's resume) made it first. The
             # engine's name check is not atomic: a racer that got past it is refused for the bridge
@@ -630,7 +653,7 @@ class DockerDriver(Driver):
         group_add = self._device_groups(device_paths, gpus)
         # A container cannot be given more CPUs than the engine has; a host configured with a generous
         # cpus_per_gpu still runs its 8x instances, on every CPU it has.
-        engine_cpus = client.info().get("NCPU") or 1
+        engine_cpus = engine_cpu_count(client)
         nano_cpus = int(min(self.host.cpus_per_gpu * gpu_count, engine_cpus) * 1e9)
         publish_ip = self.publish_address()
         try:

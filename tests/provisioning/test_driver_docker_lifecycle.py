@@ -3,9 +3,11 @@ and failures that say whether a retry can help."""
 
 import os
 import stat
+import threading
 
 import httpx
 import pytest
+from django.db import connection
 
 from provisioning.drivers.base import DriverError
 from provisioning.drivers.docker import DockerDriver, container_name, network_name, volume_name
@@ -68,6 +70,37 @@ def test_it_makes_one_container_when_started_twice(docker_portal, alice, host, i
 
     assert second.endpoint == first.endpoint
     assert second.state["container_id"] == first.state["container_id"]
+    assert len(containers_named(container_name(instance))) == 1
+    assert len(docker_client().networks.list(names=[network_name(instance)])) == 1
+
+
+def test_two_deliveries_starting_one_instance_at_once_make_one_container_and_one_network(
+    docker_portal, transactional_db, alice, host, image
+):
+    # A redelivered launch task racing the first delivery: both reach the engine at the same moment.
+    instance = make_instance(alice, image, host)
+    together = threading.Barrier(2)
+    results, errors = [], []
+
+    def deliver():
+        try:
+            together.wait(timeout=30)
+            results.append(DockerDriver(host).start(instance, one_gpu(host)))
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+    assert errors == []
+    assert len(results) == 2
+    assert results[0].state["container_id"] == results[1].state["container_id"]
+    assert results[0].endpoint == results[1].endpoint
     assert len(containers_named(container_name(instance))) == 1
     assert len(docker_client().networks.list(names=[network_name(instance)])) == 1
 
