@@ -1,10 +1,9 @@
 """The meter tick charges in bulk exactly what charging each instance on its own charges, once per period."""
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from portal.accounts.models import User
@@ -13,6 +12,7 @@ from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
 from portal.instances.models import Instance
 from provisioning.drivers import fake
+from tests.support.race import at_once
 
 T0 = timezone.make_aware(timezone.datetime(2026, 3, 1, 12, 0, 0))
 NOW = T0 + timedelta(minutes=3)
@@ -147,23 +147,7 @@ def test_two_ticks_at_once_charge_each_period_once():
     image = fake.make_image("cpu")
     users = [owner(f"owner{n}", 10 * HOUR) for n in range(20)]
     instances = [run(user, image, size) for user in users for size in ("1x", "8x")]
-    gate = threading.Barrier(2)
-    errors = []
-
-    def tick():
-        try:
-            gate.wait()
-            metering.meter_tick(T0 + timedelta(seconds=60), batch_size=8)
-        except Exception as error:  # noqa: BLE001 - reported by the assertion below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=tick) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    _, errors = at_once(lambda: metering.meter_tick(T0 + timedelta(seconds=60), batch_size=8))
 
     assert errors == []
     assert LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE).count() == len(instances)

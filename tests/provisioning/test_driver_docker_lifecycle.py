@@ -3,11 +3,9 @@ and failures that say whether a retry can help."""
 
 import os
 import stat
-import threading
 
 import httpx
 import pytest
-from django.db import connection
 
 from provisioning.drivers.base import DriverError
 from provisioning.drivers.docker import DockerDriver, container_name, network_name, volume_name
@@ -22,6 +20,7 @@ from tests.support.docker_instances import (
     wait_for_jupyter,
 )
 from tests.support.images import cpu_image_fixture  # noqa: F401
+from tests.support.race import at_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 
@@ -79,23 +78,8 @@ def test_two_deliveries_starting_one_instance_at_once_make_one_container_and_one
 ):
     # A redelivered launch task racing the first delivery: both reach the engine at the same moment.
     instance = make_instance(alice, image, host)
-    together = threading.Barrier(2)
-    results, errors = [], []
 
-    def deliver():
-        try:
-            together.wait(timeout=30)
-            results.append(DockerDriver(host).start(instance, one_gpu(host)))
-        except Exception as error:  # noqa: BLE001 - reported by the assertion below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=deliver) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    results, errors = at_once(lambda: DockerDriver(host).start(instance, one_gpu(host)), timeout=120)
 
     assert errors == []
     assert len(results) == 2
