@@ -24,6 +24,12 @@ the production settings, and queues of their own for this run.
   container's output until JupyterLab says it serves and asks GET /api/status on its port until it
   answers 200.
 
+The portal side runs with the start slots make run and the kit ship (provisioning/start_slots.py,
+LAUNCH_STARTS_PER_CPU): in a burst, the engine brings up a few instances per CPU at once and the rest wait
+their turn, while the plain side starts every container at once, as a script of `docker run`s would. So
+each burst prints the median (what a typical person in the class waits) and the max (the last one
+ready, which no ordering can make earlier than the cores allow), each as a ratio to plain's.
+
 Single launches alternate portal / plain, REPEAT times each after one warm-up of both, every instance
 stopped (and its teardown finished) before the next. Each burst (BURSTS: 10 and 30) fires that many
 launches at once from as many threads (one user each), and as many plain runs at once, and reports each
@@ -299,13 +305,16 @@ class Portal:
         from tests.support.docker_instances import docker_client
 
         instance = Instance.objects.get(pk=instance_id)
-        steps = {event.step: event.created_at for event in instance.events.all()}
+        # The first event of each step: a launch waiting its turn adds more under "starting".
+        steps: dict = {}
+        for event in instance.events.order_by("created_at", "id"):
+            steps.setdefault(event.step, event.created_at)
         container = docker_client().containers.get(instance.driver_state["container_name"])
         container_started, serving = _container_times(container)
         marks = [
             ("click -> worker claims it", clicked, instance.provisioning_at),
-            ("claim -> driver.start called", instance.provisioning_at, steps["starting"]),
-            ("driver.start -> container started", steps["starting"], container_started),
+            ("claim -> start step", instance.provisioning_at, steps["starting"]),
+            ("start step -> container started", steps["starting"], container_started),
             ("container started -> JupyterLab serves", container_started, serving),
             ("JupyterLab serves -> marked ready", serving, instance.ready_at),
             ("ready -> the clock sees it running", instance.ready_at, seen),
@@ -569,6 +578,8 @@ def _report(label: str, portal: list[Sample], plain: list[Sample], target: float
     if target is not None:
         verdict = "meets" if figures["ratio"] <= target else "MISSES"
         print(f"  target: portal median within {target:.2f}x plain's: {verdict} ({figures['ratio']:.3f}x)")
+        verdict = "meets" if figures["max_ratio"] <= target else "MISSES"
+        print(f"  and the last one ready within {target:.2f}x plain's last: {verdict} ({figures['max_ratio']:.3f}x)")
     print("  where the time goes (median of each phase):")
     for sample_set, side in ((portal, "portal"), (plain, "plain")):
         for phase in sample_set[0].phases:

@@ -105,6 +105,9 @@ class Driver:
     def authorized_keys_set(self, instance, text: str) -> bool:
         return False
 
+    def start_line(self):
+        return None
+
     def remove_workspace(self, instance) -> None:
         return None
 

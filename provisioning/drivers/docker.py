@@ -30,6 +30,7 @@ from docker.types import Mount
 from portal.instances.catalog import CatalogError, load_catalog
 
 from ..engine import EngineSettingsError, build_client, has_tls
+from ..start_slots import Line, slots_for
 from .base import (
     Driver,
     DriverError,
@@ -377,6 +378,15 @@ class DockerDriver(Driver):
         except Exception as error:
             raise self._api_error(error, "reading the container's log") from error
         return hide_token(text, instance.jupyter_token)
+
+    def start_line(self):
+        """One line per engine address, with as many start slots as its CPUs allow (start_slots.slots_for)."""
+        client = self.client()
+        try:
+            cpus = engine_cpu_count(client)
+        except Exception as error:
+            raise self._api_error(error, "reading the engine's CPU count") from error
+        return Line(engine=client.api.base_url, limit=slots_for(cpus))
 
     watches_output = True
 
