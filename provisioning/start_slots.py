@@ -92,9 +92,10 @@ def slots_for(cpus: int) -> int:
 
     LAUNCH_STARTS_PER_CPU (default 4) per CPU, at least one. Creating and starting a container is the
     engine's work and part of a JupyterLab start waits on the disk, so it takes a few per core to keep the
-    cores busy: on a 2-core engine, 4 slots left the last of a burst of thirty ready 14% later than with
-    no limit, 8 slots 9% later, while the median launch was ready 27% sooner either way
-    (one run of each, benchmarks/bench_launch.py).
+    cores busy. Measured on a 2-core engine against plain `docker run`s all started at once
+    (benchmarks/bench_launch.py): with 8 slots, a burst of thirty had its median launch ready in 0.72
+    times plain's and its last in 1.07 times; a burst of ten, median 1.04 times, last 1.24 times (the
+    two that waited start when the others are nearly done). With 4 slots the last of thirty took 1.14.
     """
     per_cpu = settings.LAUNCH_STARTS_PER_CPU
     if per_cpu <= 0:
