@@ -3,7 +3,8 @@ plain `docker run` of the same image with the same hardening and a network of it
 /api/status, measured in the same run on the same machine.
 
 Everything is real: a scratch PostgreSQL database, Redis, the Celery workers, the Docker engine with the
-built CPU image, and the portal under uvicorn in its own process (as `make run` serves it). Simulated 8x
+built CPU image, and the portal in its own process with the deploy kit's web command line and production
+settings (benchmarks.start_kit_web). Simulated 8x
 MI300X hosts (the KFD fixture sysfs and stand-in device nodes), as many as the largest burst needs,
 share the local engine; their containers may use every CPU of the engine, as a plain `docker run` may.
 
@@ -67,7 +68,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import database_url as bench_database_url
-from benchmarks import scratch_database
+from benchmarks import scratch_database, start_kit_web
 
 DATABASE = "devcloud_bench_launch"
 REPEAT = int(os.environ.get("BENCH_LAUNCH_REPEAT", "5"))
@@ -87,6 +88,8 @@ TIMEOUT = 180
 REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "9"))
 # The line JupyterLab logs once it serves (just before its event loop starts).
 SERVING_LINE = "Use Control-C to stop this server"
+# The production settings name the session cookie __Host-sessionid (portal/settings/production.py).
+PRODUCTION_SESSION_COOKIE = "__Host-sessionid"
 
 _poll = threading.local()
 
@@ -164,26 +167,12 @@ def _container_times(container) -> tuple[datetime, datetime]:
 
 @contextmanager
 def _portal_server(database_url: str, log: Path):
-    """The portal (Django and the gateway) under uvicorn in its own process; yields its URL."""
+    """The portal (Django and the gateway) as the deploy kit's web unit runs it (benchmarks.start_kit_web:
+    its uvicorn command line, the production settings); yields its URL."""
     from tests.gateway.helpers import free_port
 
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings.test", "DATABASE_URL": database_url}
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "portal.asgi:application",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    with open(log, "wb") as log_file:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+    process = start_kit_web(port, database_url, log)
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client() as client:
@@ -266,14 +255,13 @@ class Portal:
 
     def launch_and_time(self, user, session_key: str) -> tuple[Sample, object]:
         """Launches for `user` and returns its Sample and the instance id."""
-        from django.conf import settings
         from django.db import close_old_connections
 
         from portal.instances import services
 
         # Made before the clock starts: building a client (its TLS context) takes tens of milliseconds,
         # which a browser that already shows the portal has long paid.
-        browser = httpx.Client(cookies={settings.SESSION_COOKIE_NAME: session_key}, timeout=5)
+        browser = httpx.Client(cookies={PRODUCTION_SESSION_COOKIE: session_key}, timeout=5)
         try:
             clicked = _now()
             started = time.perf_counter()
