@@ -182,6 +182,7 @@ class Gateway:
         in X-DevCloud-Status. nginx must pass the original Host (`$http_host`), the scheme
         (X-Forwarded-Proto) and the browser's Origin and Cookie headers. The 204 also carries the Cookie
         header the instance may see (X-DevCloud-Cookie), so nginx strips exactly what the gateway does.
+        nginx caches the 204 for a few seconds, keyed by everything this reads from the request.
         """
         headers = decoded_headers(scope)
         secret = getattr(settings, "GATEWAY_AUTH_SECRET", "")
@@ -192,7 +193,10 @@ class Gateway:
         presented = headers.get("x-devcloud-gateway-secret", "").encode("latin-1")
         if not hmac.compare_digest(presented, secret.encode()):
             return await reply(send, pages.Reply(403, [no_store]))
-        decision = await self.decide(headers, instance_id)
+        # Fresh: nginx remembers this answer itself (docs/gateway.md). Were it answered from the decision
+        # cache too, nginx could renew an entry from one that was about to lapse, and an ended session
+        # would keep its lab for both lifetimes added up.
+        decision = await self.decide(headers, instance_id, fresh=True)
         if not origin_allowed(scope, headers):
             # JupyterLab skips its own Origin check for token-authenticated requests, and nginx adds
             # the token, so this is where another site's websocket or fetch is stopped.

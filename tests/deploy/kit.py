@@ -2,9 +2,11 @@
 
 Only what must differ on a test machine is changed, and each change is listed here: the virtualenv's
 Python instead of /opt/devcloud/.venv/bin/python, free loopback ports instead of 8000/80/443, a
-self-signed certificate, the gateway secret, and paths under the test's temporary directory.
+self-signed certificate, the gateway secret, and paths under the test's temporary directory (the auth
+cache's among them, with nginx's workers running as the test's user so they can write there).
 """
 
+import os
 import re
 import shlex
 import sys
@@ -73,13 +75,26 @@ def nginx_site(
 
 
 def nginx_conf(site: str, root: Path) -> str:
-    """A whole nginx.conf around `site` (Debian's includes it from the http block), run from `root`."""
+    """A whole nginx.conf around `site` (Debian's includes it from the http block), run from `root`.
+
+    The auth cache (`proxy_cache_path`) moves under `root` too. Started as root, nginx would run its
+    workers as nobody, who cannot enter a test's temporary directory (pytest makes it 0700) to write the
+    cache, so they run as root there; as any other user nginx runs them as that user anyway.
+    """
+    site, caches = re.subn(
+        r"^(\s*proxy_cache_path\s+)\S+",
+        lambda match: f"{match[1]}{root / 'devcloud-auth'}",
+        site,
+        flags=re.MULTILINE,
+    )
+    assert caches <= 1, "the site declares more than one cache"
     temp_paths = "\n".join(
         f"    {kind}_temp_path {root / kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
+    user = "user root;\n" if os.geteuid() == 0 else ""
     return (
-        f"daemon off;\npid {root / 'nginx.pid'};\nerror_log {root / 'error.log'} info;\n"
+        f"{user}daemon off;\npid {root / 'nginx.pid'};\nerror_log {root / 'error.log'} info;\n"
         f"events {{}}\nhttp {{\n    access_log {root / 'access.log'};\n{temp_paths}\n{site}\n}}\n"
     )
 

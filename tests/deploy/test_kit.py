@@ -16,6 +16,7 @@ from portal.workers import PROCESSES
 
 from .kit import (
     DEPLOY,
+    NGINX_SITE,
     REPO,
     UNITS,
     environment,
@@ -194,3 +195,14 @@ def test_nginx_accepts_the_site(tmp_path):
     )
 
     assert result.returncode == 0, result.stderr
+
+
+def test_the_site_remembers_auth_answers_as_the_block_the_nginx_tests_run():
+    # tests/gateway/test_nginx_subdomain.py runs the copy in docs/gateway.md in a real nginx.
+    docs = (REPO / "docs" / "gateway.md").read_text()
+    site = NGINX_SITE.read_text()
+    for part in (r"^proxy_cache_path [^\n]*;$", r"^    location = /_devcloud_auth \{\n.*?^    \}$"):
+        in_docs = re.findall(part, docs, re.MULTILINE | re.DOTALL)
+        in_site = re.findall(part, site, re.MULTILINE | re.DOTALL)
+        assert len(in_site) == 1 and "proxy_cache" in in_site[0], part
+        assert in_docs == in_site, part

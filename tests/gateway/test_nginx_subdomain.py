@@ -7,6 +7,7 @@ import re
 import shutil
 import ssl
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,8 +16,13 @@ import httpx
 import pytest
 import websocket
 from django.conf import settings as django_settings
+from django.contrib.sessions.models import Session
+from django.test import Client
 
 from portal.gateway import tickets
+from portal.gateway.app import Gateway
+from portal.gateway.headers import decoded_headers
+from tests.deploy.kit import nginx_conf
 from tests.support.certs import self_signed
 
 from .helpers import (
@@ -58,14 +64,7 @@ def nginx(portal_server, tmp_path_factory):
     block = block.replace("CHANGE-ME-GATEWAY-SECRET", SECRET)
     block = re.sub(r"ssl_certificate\s+\S+;", f"ssl_certificate {cert};", block)
     block = re.sub(r"ssl_certificate_key\s+\S+;", f"ssl_certificate_key {key};", block)
-    temp_paths = "\n".join(
-        f"    {kind}_temp_path {root / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    (root / "nginx.conf").write_text(
-        f"daemon off;\npid {root / 'nginx.pid'};\nerror_log {root / 'error.log'} info;\n"
-        f"events {{}}\nhttp {{\n    access_log {root / 'access.log'};\n{temp_paths}\n{block}\n}}\n"
-    )
+    (root / "nginx.conf").write_text(nginx_conf(block, root))
     check = subprocess.run(
         ["nginx", "-t", "-p", str(root), "-c", str(root / "nginx.conf")],
         capture_output=True,
@@ -92,6 +91,20 @@ def nginx(portal_server, tmp_path_factory):
 def subdomain_mode(settings):
     settings.GATEWAY_LAB_URL = "https://{instance_id}.lab.example.com"
     settings.GATEWAY_AUTH_SECRET = SECRET
+
+
+@pytest.fixture
+def auth_asked(monkeypatch):
+    """The headers of every auth_request that reached the gateway (not answered by nginx's cache)."""
+    asked: list[dict[str, str]] = []
+    answer = Gateway._auth_request
+
+    async def counted(self, scope, send, instance_id):
+        asked.append(decoded_headers(scope))
+        await answer(self, scope, send, instance_id)
+
+    monkeypatch.setattr(Gateway, "_auth_request", counted)
+    return asked
 
 
 def via_nginx(
@@ -289,3 +302,117 @@ def test_it_serves_no_lab_routes_on_the_portal_host(client, alice, alice_lab, ng
             headers={"X-DevCloud-Gateway-Secret": SECRET},
         )
         assert response.status_code == 404, path
+
+
+def lab_status(nginx, instance, cookies: dict | None = None, **kwargs) -> httpx.Response:
+    path = f"/instances/{instance.id}/lab/api/status"
+    return via_nginx(nginx, lab_host(instance), path, cookies=cookies, **kwargs)
+
+
+def sent_to_open(response: httpx.Response, instance) -> bool:
+    return (
+        response.status_code == 302
+        and response.headers["location"] == f"https://portal.example.com/instances/{instance.id}/open"
+    )
+
+
+def test_nginx_never_hands_the_owners_remembered_yes_to_another_session_no_session_or_another_origin(
+    client, alice, bob, image, alice_lab, nginx, subdomain_mode, auth_asked
+):
+    alice_cookie = enter_lab(nginx, client, alice, alice_lab)
+    # Bob signs in in his own browser (one client would sign Alice out), and holds a lab cookie of his own.
+    bob_client = Client()
+    bob_lab = make_instance(bob, image, endpoint=alice_lab.driver_state["endpoint"], token="bob-token")
+    bob_lab_cookie = enter_lab(nginx, bob_client, bob, bob_lab)
+    bob_session = bob_client.cookies[django_settings.SESSION_COOKIE_NAME].value
+    name = tickets.lab_cookie_name()
+    owner = {name: alice_cookie}
+    assert lab_status(nginx, alice_lab, owner).status_code == 200
+    assert lab_status(nginx, alice_lab, owner).status_code == 200
+
+    # While nginx remembers Alice's answer, on her lab's host:
+    session_name = django_settings.SESSION_COOKIE_NAME
+    attempts = {
+        "bob's lab cookie": lab_status(nginx, alice_lab, {name: bob_lab_cookie}),
+        "bob's portal session": lab_status(nginx, alice_lab, {session_name: bob_session}),
+        "no cookie": lab_status(nginx, alice_lab),
+        # Another site riding Alice's own cookie (a GET, so nothing runs in the shared JupyterLab should
+        # it get through; the answer for /auth does not depend on the method).
+        "another origin": lab_status(
+            nginx, alice_lab, owner, headers={"Origin": f"https://{uuid.uuid4()}.lab.example.com"}
+        ),
+    }
+    still_owner = lab_status(nginx, alice_lab, owner)
+
+    for attempt, response in attempts.items():
+        assert sent_to_open(response, alice_lab), (attempt, response.status_code, response.text[:200])
+    # Each refusal was the gateway's own: nginx asked it every time.
+    assert len(auth_asked) == 1 + len(attempts), auth_asked
+    # And the attempts came while Alice's answer was remembered: her own requests asked once.
+    assert still_owner.status_code == 200
+    assert sum(alice_cookie in asked.get("cookie", "") and "origin" not in asked for asked in auth_asked) == 1
+
+
+def test_a_session_ended_in_another_process_loses_the_lab_within_three_seconds_though_nginx_remembered_it(
+    client, alice, alice_lab, nginx, subdomain_mode
+):
+    lab_cookie = enter_lab(nginx, client, alice, alice_lab)
+    session_key = client.cookies[django_settings.SESSION_COOKIE_NAME].value
+    owner = {tickets.lab_cookie_name(): lab_cookie}
+    assert lab_status(nginx, alice_lab, owner).status_code == 200
+    remembered_at = time.monotonic()
+
+    # A logout served by another web process: the session is gone, and no signal evicts anything, neither
+    # in this gateway's decision cache nor in nginx, which no logout can reach.
+    Session.objects.filter(session_key=session_key).delete()
+    # An open JupyterLab keeps polling its server; so does this browser, until it is turned away.
+    while (response := lab_status(nginx, alice_lab, owner)).status_code == 200:
+        assert time.monotonic() - remembered_at < 6, "still let in 6 seconds after the logout"
+        time.sleep(0.1)
+    refused_after = time.monotonic() - remembered_at
+
+    assert sent_to_open(response, alice_lab), response.status_code
+    # nginx keeps the answer 2 to 3 seconds and the gateway answers its next question afresh, so no cache
+    # renews another: refused within 3 seconds, plus one poll.
+    assert refused_after < 3.75, refused_after
+
+
+def test_a_burst_of_lab_requests_from_one_session_asks_the_gateway_once(
+    client, alice, alice_lab, nginx, subdomain_mode, auth_asked
+):
+    lab_cookie = enter_lab(nginx, client, alice, alice_lab)
+    burst = 20
+    with httpx.Client(
+        base_url=f"https://127.0.0.1:{nginx}",
+        headers={"Host": lab_host(alice_lab), "Cookie": f"{tickets.lab_cookie_name()}={lab_cookie}"},
+        verify=False,
+        timeout=30,
+    ) as browser:
+        started = time.monotonic()
+        path = f"/instances/{alice_lab.id}/lab/api/status"
+        statuses = [browser.get(path).status_code for _ in range(burst)]
+        elapsed = time.monotonic() - started
+
+    assert statuses == [200] * burst
+    asked = [headers for headers in auth_asked if lab_cookie in headers.get("cookie", "")]
+    # nginx keeps an answer at least 2 seconds: once in all, unless the burst itself took that long.
+    assert 1 <= len(asked) <= 1 + int(elapsed // 2), (len(asked), elapsed)
+
+
+def test_an_answer_from_nginxs_memory_sends_the_token_and_only_the_allowed_cookies_upstream(
+    client, alice, image, nginx, subdomain_mode, auth_asked
+):
+    instance_id = uuid.uuid4()
+    with RecordingUpstream(instance_id) as upstream:
+        instance = make_instance(
+            alice, image, endpoint=upstream.endpoint, token="t0ken-remembered", instance_id=instance_id
+        )
+        lab_cookie = enter_lab(nginx, client, alice, instance)
+        cookies = {"_xsrf": "lab-own", tickets.lab_cookie_name(): lab_cookie, "theme": "dark"}
+        statuses = [lab_status(nginx, instance, cookies).status_code for _ in range(3)]
+
+    assert statuses == [200] * 3
+    assert len(auth_asked) == 1
+    assert [request["cookies"] for request in upstream.requests] == [["_xsrf=lab-own; theme=dark"]] * 3
+    tokens = {request["headers"]["authorization"] for request in upstream.requests}
+    assert tokens == {"token t0ken-remembered"}
