@@ -11,14 +11,23 @@ kept-alive connections, so both see the same machine load:
   pays the session, user and instance reads, on a pooled connection;
 - minimal proxy: benchmarks/minimal_proxy.py on the same uvicorn command line, forwarding to the same
   JupyterLab with the gateway's aiohttp client settings and nothing else (no session, no decision, no
-  header rewriting): the cost of the extra hop itself, which a gateway written this way cannot beat.
+  header rewriting): the cost of the extra hop itself, which a gateway written this way cannot beat;
+- kit's nginx: production's route. nginx runs the deploy kit's site as tests/deploy runs it
+  (tests.deploy.kit), in front of this portal; the request goes to the lab's own host with the owner's
+  lab cookie, nginx asks the portal's /auth (or remembers its answer, as it does for 2 to 3 seconds)
+  and carries the bytes to JupyterLab itself. Over plain HTTP to the lab server block (a listener the
+  bench adds, so the transport is direct's), and over TLS as the kit ships it ("kit's nginx, TLS";
+  JupyterLab speaks no TLS, so direct has none to compare with). Skipped where nginx is not installed.
 
 Targets: the cached gateway's median within 1.3 times direct's, measured alternately in the same run;
-the first request of a session under 10 ms (median).
+the first request of a session under 10 ms (median); the kit's nginx route (plain HTTP) within 1.3
+times direct's too.
 """
 
 import logging
 import secrets
+import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +41,10 @@ REQUESTS = 200
 WARMUP = 20
 TARGET_RATIO = 1.3
 TARGET_FIRST_MS = 10
-# Production names the session cookie __Host-sessionid (portal/settings/production.py).
+# Production names the session cookie __Host-sessionid, the lab cookie __Host-devcloud_lab
+# (portal/settings/production.py).
 PRODUCTION_SESSION_COOKIE = "__Host-sessionid"
+PRODUCTION_LAB_COOKIE = "__Host-devcloud_lab"
 
 
 def _timed_get(client: httpx.Client, url: str, **kwargs) -> float:
@@ -45,6 +56,30 @@ def _timed_get(client: httpx.Client, url: str, **kwargs) -> float:
     return elapsed
 
 
+def start_kit_nginx(root: Path, *, portal_port: int, secret: str) -> tuple[subprocess.Popen, int, int]:
+    """deploy/nginx/devcloud.conf as tests/deploy runs it, in front of the portal on `portal_port`.
+
+    Its lab server block also listens on a plain-HTTP port. Returns (process, TLS port, plain port).
+    """
+    from tests.deploy.kit import nginx_conf, nginx_site, self_signed
+    from tests.gateway.helpers import free_port
+
+    cert, key = self_signed(root)
+    https_port, http_port, plain_port = free_port(), free_port(), free_port()
+    site = nginx_site(
+        https_port=https_port, http_port=http_port, portal_port=portal_port, cert=cert, key=key, secret=secret
+    )
+    lab_server = site.index('server_name "~^(?<instance_id>')
+    tls_listen = site.rindex(f"listen 127.0.0.1:{https_port} ssl", 0, lab_server)
+    site = f"{site[:tls_listen]}listen 127.0.0.1:{plain_port};\n    {site[tls_listen:]}"
+    (root / "nginx.conf").write_text(nginx_conf(site, root))
+    with open(root / "nginx.out", "wb") as log:
+        process = subprocess.Popen(
+            ["nginx", "-p", str(root), "-c", str(root / "nginx.conf")], stdout=log, stderr=subprocess.STDOUT
+        )
+    return process, https_port, plain_port
+
+
 def main() -> dict:
     # httpx logs every request at INFO; 600 lines would bury the figures.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -53,6 +88,7 @@ def main() -> dict:
     from django.test import Client
 
     from portal.accounts.models import User
+    from portal.gateway import tickets
     from portal.instances.models import Image, Instance
     from tests.gateway.helpers import free_port, start_jupyterlab, wait_until
 
@@ -71,7 +107,13 @@ def main() -> dict:
         )
         Instance.objects.filter(id=instance.id).update(driver_state={"endpoint": endpoint})
         port = free_port()
-        portal = start_kit_web(port, database_url(connection.settings_dict), scratch / "portal.log")
+        gateway_secret = secrets.token_urlsafe(24)
+        portal = start_kit_web(
+            port,
+            database_url(connection.settings_dict),
+            scratch / "portal.log",
+            env={"GATEWAY_AUTH_SECRET": gateway_secret},
+        )
         proxy_port = free_port()
         proxy = start_kit_web(
             proxy_port,
@@ -80,7 +122,15 @@ def main() -> dict:
             app="benchmarks.minimal_proxy:app",
             env={"BENCH_PROXY_UPSTREAM": endpoint},
         )
+        processes = [portal, proxy, lab]
+        with_nginx = shutil.which("nginx") is not None
         try:
+            if with_nginx:
+                (scratch / "nginx").mkdir()
+                nginx, nginx_tls_port, nginx_port = start_kit_nginx(
+                    scratch / "nginx", portal_port=port, secret=gateway_secret
+                )
+                processes.append(nginx)
             gateway_url = f"http://127.0.0.1:{port}"
             wait_until(
                 lambda: httpx.get(f"{gateway_url}/accounts/login/").status_code == 200,
@@ -99,26 +149,50 @@ def main() -> dict:
                 return browser.cookies[settings.SESSION_COOKIE_NAME].value
 
             fresh_sessions = [new_session() for _ in range(REQUESTS)]
+            # What a browser holds on the lab's own host after "Open JupyterLab" (portal/gateway/tickets.py).
+            lab_cookie = tickets.lab_cookie_value(session_key=new_session(), instance_id=str(instance.id))
+            on_lab_host = {
+                "Host": f"{instance.id}.lab.example.com",
+                "Cookie": f"{PRODUCTION_LAB_COOKIE}={lab_cookie}",
+            }
+            kit_routes = []
+            if with_nginx:
+                kit_routes = [
+                    (f"http://127.0.0.1:{nginx_port}{path}", []),
+                    (f"https://127.0.0.1:{nginx_tls_port}{path}", []),
+                ]
+
+                def through_nginx() -> bool:
+                    if nginx.poll() is not None:
+                        raise RuntimeError(f"nginx exited: {(scratch / 'nginx' / 'nginx.out').read_text()}")
+                    return httpx.get(kit_routes[0][0], headers=on_lab_host).status_code == 200
+
+                wait_until(through_nginx, timeout=30, what="JupyterLab through the kit's nginx")
             direct, cached, uncached, minimal = [], [], [], []
             with (
                 httpx.Client(headers={"Authorization": f"token {token}"}) as to_lab,
                 httpx.Client(cookies={PRODUCTION_SESSION_COOKIE: new_session()}) as to_gateway,
                 httpx.Client() as to_gateway_cold,
+                httpx.Client(headers=on_lab_host, verify=False) as to_kit,
             ):
                 for _ in range(WARMUP):
                     _timed_get(to_lab, endpoint + path)
                     _timed_get(to_gateway, gateway_url + path)
                     _timed_get(to_lab, proxy_url + path)
+                    for url, _samples in kit_routes:
+                        _timed_get(to_kit, url)
                 for number in range(REQUESTS):
                     direct.append(_timed_get(to_lab, endpoint + path))
                     cached.append(_timed_get(to_gateway, gateway_url + path))
                     cookie = {"Cookie": f"{PRODUCTION_SESSION_COOKIE}={fresh_sessions[number]}"}
                     uncached.append(_timed_get(to_gateway_cold, gateway_url + path, headers=cookie))
                     minimal.append(_timed_get(to_lab, proxy_url + path))
+                    for url, samples in kit_routes:
+                        samples.append(_timed_get(to_kit, url))
         finally:
-            for process in (portal, proxy, lab):
+            for process in processes:
                 process.terminate()
-            for process in (portal, proxy, lab):
+            for process in processes:
                 process.wait(timeout=15)
 
     figures = {
@@ -127,6 +201,9 @@ def main() -> dict:
         "gateway_uncached": summarize_ms(uncached),
         "minimal_proxy": summarize_ms(minimal),
     }
+    if kit_routes:
+        figures["kit_nginx"] = summarize_ms(kit_routes[0][1])
+        figures["kit_nginx_tls"] = summarize_ms(kit_routes[1][1])
     base = figures["direct"]["median_ms"]
     print(f"GET /api/status, {REQUESTS} requests each, one at a time (medians; baseline: direct)")
     for name, summary in figures.items():
@@ -143,7 +220,7 @@ def main() -> dict:
         f"({ratio:.2f}x); first request of a session under {TARGET_FIRST_MS} ms: "
         f"{'meets' if first < TARGET_FIRST_MS else 'MISSES'} ({first:.2f} ms)"
     )
-    return {
+    results = {
         "direct_median_ms": base,
         "gateway_median_ms": figures["gateway"]["median_ms"],
         "gateway_uncached_median_ms": figures["gateway_uncached"]["median_ms"],
@@ -151,3 +228,18 @@ def main() -> dict:
         "gateway_uncached_ratio": round(figures["gateway_uncached"]["median_ms"] / base, 2) if base else None,
         "minimal_proxy_ratio": round(figures["minimal_proxy"]["median_ms"] / base, 2) if base else None,
     }
+    if not kit_routes:
+        print("  kit's nginx route: skipped (nginx is not installed)")
+        return results
+    kit = figures["kit_nginx"]["median_ms"] / base if base else float("nan")
+    kit_tls = figures["kit_nginx_tls"]["median_ms"] / base if base else float("nan")
+    print(
+        f"  target: kit's nginx route within {TARGET_RATIO}x of direct, both plain HTTP: "
+        f"{'meets' if kit <= TARGET_RATIO else 'MISSES'} ({kit:.2f}x); over TLS as the kit ships it "
+        f"{kit_tls:.2f}x (direct is plain HTTP: JupyterLab speaks no TLS)"
+    )
+    for name in ("kit_nginx", "kit_nginx_tls"):
+        results[f"{name}_median_ms"] = figures[name]["median_ms"]
+        results[f"{name}_p95_ms"] = figures[name]["p95_ms"]
+        results[f"{name}_ratio"] = round(figures[name]["median_ms"] / base, 2) if base else None
+    return results
