@@ -7,8 +7,9 @@ all of them finish late, about when the last one would have finished anyway. Let
 arrived, gets the first ones ready within seconds and makes none later: the cores do the same work
 either way, in a better order. On a GPU host with a hundred cores the limit is never reached.
 
-A slot is held from just before the container is made until JupyterLab answers, fails or the launch is
-stopped. The slots live in Redis (the broker every worker already talks to), so every provisioning worker
+A launch's network, workspace and container are made before its turn (Driver.start's `turn`), so that
+when a slot frees only the start itself is left; the slot is held from the container's start until
+JupyterLab answers, fails or the launch is stopped. The slots live in Redis (the broker every worker already talks to), so every provisioning worker
 on every machine shares one count per engine:
 
 - `devcloud:start-slots:<portal>:<engine>:holders`, a sorted set of instance ids scored by when their

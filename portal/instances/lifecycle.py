@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -130,16 +131,26 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
         return "skipped"
     driver = driver_for(host, instance.driver)
     gpus = [allocation.gpu for allocation in allocations]
+    line = driver.start_line()
     try:
-        with start_slots.start_slot(
-            driver.start_line(),
-            str(instance.id),
-            waiting=lambda ahead: _tell_waiting_to_start(instance, host, ahead),
-            wanted=lambda: Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists(),
-        ):
-            outcome = _start_and_wait(instance, driver, gpus)
+        with ExitStack() as slot:
+
+            def turn():
+                slot.enter_context(
+                    start_slots.start_slot(
+                        line,
+                        str(instance.id),
+                        waiting=lambda ahead: _tell_waiting_to_start(instance, host, ahead),
+                        wanted=lambda: Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists(),
+                    )
+                )
+
+            # The slot is held from the container's start until JupyterLab answers or the launch ends.
+            outcome = _start_and_wait(instance, driver, gpus, turn)
     except start_slots.Cancelled:
-        return "skipped"  # stopped while it waited its turn: nothing was started
+        # Stopped while it waited its turn: nothing ran; what was made for it goes.
+        _stop_quietly(driver, instance)
+        return "skipped"
     if isinstance(outcome, str):
         return outcome
     if outcome.aborted:
@@ -161,12 +172,14 @@ def _tell_waiting_to_start(instance: Instance, host: GpuHost, ahead: int) -> Non
     )
 
 
-def _start_and_wait(instance: Instance, driver, gpus) -> "ReadyOutcome | str":
-    """Starts the container and waits for JupyterLab. Returns the readiness outcome, or what
-    instance_provision returns when the launch ended before that ("failed", "skipped")."""
+def _start_and_wait(instance: Instance, driver, gpus, turn) -> "ReadyOutcome | str":
+    """Starts the container once `turn()` returns and waits for JupyterLab. Returns the readiness outcome,
+    or what instance_provision returns when the launch ended before that ("failed", "skipped")."""
     try:
         # Slow steps inside the start (a workspace moving from another host) show on the timeline as they go.
-        result = driver.start(instance, gpus, progress=lambda line: event_record(instance=instance, message=line))
+        result = driver.start(
+            instance, gpus, progress=lambda line: event_record(instance=instance, message=line), turn=turn
+        )
     except DriverError as error:
         if not error.permanent:
             raise

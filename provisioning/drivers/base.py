@@ -42,10 +42,13 @@ class StartResult:
 class Driver:
     """One backend on one host.
 
-    start(instance, gpus, progress=None) -> StartResult
+    start(instance, gpus, progress=None, turn=None) -> StartResult
         Creates and starts the instance's container (or process) with exactly `gpus`, and returns once
         it is started (not necessarily answering). `progress(message)`, when given, gets lines for the
-        instance's timeline about slow steps (a workspace moving from another host). Idempotent: the
+        instance's timeline about slow steps (a workspace moving from another host). `turn()`, when
+        given, is called once everything is made and just before the container starts: it returns when
+        the instance may start (its start slot, provisioning/start_slots.py) and may raise to call the
+        start off, leaving what was made for stop() to remove. Idempotent: the
         container name derives from the instance id, so a retry finds the existing one and returns its
         endpoint instead of making a second. Raises DriverError(permanent=True) for a bad image or a device that does not exist,
         DriverError(permanent=False) when the engine cannot be reached.
@@ -84,7 +87,7 @@ class Driver:
     def __init__(self, host):
         self.host = host
 
-    def start(self, instance, gpus, progress=None) -> StartResult:
+    def start(self, instance, gpus, progress=None, turn=None) -> StartResult:
         raise NotImplementedError
 
     def stop(self, instance) -> None:

@@ -30,7 +30,7 @@ from docker.types import Mount
 from portal.instances.catalog import CatalogError, load_catalog
 
 from ..engine import EngineSettingsError, build_client, has_tls
-from ..start_slots import Line, slots_for
+from ..start_slots import Cancelled, Line, slots_for
 from .base import (
     Driver,
     DriverError,
@@ -233,7 +233,7 @@ class DockerDriver(Driver):
 
     # --- The contract -----------------------------------------------------------------------------
 
-    def start(self, instance, gpus, progress=None) -> StartResult:
+    def start(self, instance, gpus, progress=None, turn=None) -> StartResult:
         """Starts the instance's container with exactly `gpus` and returns its endpoint and state.
 
         Before the container is made, the owner's workspace is brought here from the host that holds it
@@ -267,6 +267,10 @@ class DockerDriver(Driver):
                 # Before the first start, so sshd trusts the owner's keys from its first connection.
                 self._put_authorized_keys(container, authorized_keys_text(instance.user_id))
             if container.status != "running":
+                # The network, workspace and container are made before the instance's turn, so that
+                # once its start slot frees only the start itself is left.
+                if turn is not None:
+                    turn()
                 container.start()
             container.reload()
             endpoint, host_port = self._endpoint(container)
@@ -275,6 +279,8 @@ class DockerDriver(Driver):
             if error.permanent:
                 self._discard(client, instance)
             raise
+        except Cancelled:
+            raise  # called off while waiting its turn: the caller removes what was made
         except Exception as error:
             driver_error = self._api_error(error, f"starting {name}")
             if driver_error.permanent:

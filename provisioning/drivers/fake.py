@@ -159,7 +159,9 @@ class FakeDriver(Driver):
             )
         return behaviour
 
-    def start(self, instance, gpus, progress=None) -> StartResult:
+    def start(self, instance, gpus, progress=None, turn=None) -> StartResult:
+        if turn is not None:
+            turn()
         behaviour = self._check_engine("start", instance.id)
         with cloud.lock:
             if behaviour.transient_start_failures > 0:

@@ -47,7 +47,7 @@ class LocalDriver(Driver):
     def workspace(self, instance) -> Path:
         return local_root() / "workspaces" / str(instance.user_id)
 
-    def start(self, instance, gpus, progress=None) -> StartResult:
+    def start(self, instance, gpus, progress=None, turn=None) -> StartResult:
         """Starts JupyterLab for the instance and returns its endpoint and state ({pid, port, ...}).
 
         Idempotent: when the recorded process is still alive it is reused. Raises
@@ -84,6 +84,8 @@ class LocalDriver(Driver):
             "JUPYTER_ALLOW_ROOT": "True" if os.geteuid() == 0 else "False",
             "DEVCLOUD_INSTANCE_ID": str(instance.id),
         }
+        if turn is not None:
+            turn()
         with open(run_dir / "jupyter.log", "ab") as log:
             process = subprocess.Popen(
                 ["bash", str(ENTRYPOINT)],

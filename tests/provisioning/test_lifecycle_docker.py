@@ -1,6 +1,8 @@
 """Provision, stop and reconcile on the real Docker engine with the CPU JupyterLab image: the lifecycle
 against the real driver, readiness answered by a real JupyterLab, containers really removed."""
 
+import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -11,7 +13,9 @@ from portal.credits import services as credits
 from portal.credits.models import LedgerEntry
 from portal.instances import services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
+from portal.instances import lifecycle, tasks
+from provisioning import start_slots
+from provisioning.drivers import driver_for
 from provisioning.drivers.docker import container_name
 from provisioning.models import GpuAllocation
 from tests.support.docker_instances import (
@@ -84,3 +88,37 @@ def test_the_reconciler_removes_orphans_and_fails_vanished_instances(launch):
     assert vanished.state == Instance.State.FAILED
     assert vanished.failure_reason.startswith("The container disappeared")
     assert not GpuAllocation.objects.filter(released_at__isnull=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_launch_stopped_while_it_waits_its_turn_leaves_nothing_running_on_the_engine(
+    launch, host, settings, monkeypatch
+):
+    # The launch's task runs in the test's thread below, as a provisioning worker would, not eagerly.
+    monkeypatch.setattr(tasks.provision_instance, "apply_async", lambda *args, **kwargs: None)
+    # One start slot on this engine, held by an earlier launch.
+    settings.LAUNCH_STARTS_PER_CPU = 0.01
+    instance = launch()
+    line = driver_for(host, "docker").start_line()
+    assert line.limit == 1
+    assert start_slots.take(line, "an-earlier-launch") == 0
+    try:
+        outcome = []
+        worker = threading.Thread(
+            target=lambda: outcome.append(lifecycle.instance_provision(instance_id=instance.id))
+        )
+        worker.start()
+        # Its container is made before its turn comes, and not started.
+        deadline = time.monotonic() + 60
+        while not containers_of(instance) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [c.status for c in containers_of(instance)] == ["created"]
+
+        services.instance_stop(user=instance.user, instance_id=instance.id)
+        worker.join(60)
+
+        assert outcome == ["skipped"]
+        assert containers_of(instance) == []
+        assert Instance.objects.get(pk=instance.pk).state == Instance.State.STOPPED
+    finally:
+        start_slots.give_back(line, "an-earlier-launch")
