@@ -152,24 +152,34 @@ def one_slot_engine(settings, monkeypatch):
     return cloud, engine
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_launch_waits_its_turn_with_a_note_on_its_timeline_and_then_runs(one_slot_engine, alice):
-    cloud, engine = one_slot_engine
-    host = fake.make_host("gpu-01", gpus=8)
+@pytest.fixture
+def launch_behind_an_earlier_one(one_slot_engine, alice):
+    """Alice's launch, provisioning in a thread of its own while an earlier launch holds the one slot.
+    Returns (instance, outcome list the thread appends to, the thread)."""
+    fake.make_host("gpu-01", gpus=8)
     fake.make_image("cpu")
     give(alice, 25)
     instance = services.instance_launch(user=alice, size="1x", image_key="cpu")
+    _, engine = one_slot_engine
     assert start_slots.take(engine, "an-earlier-launch") == 0
-
     outcome = []
     worker = threading.Thread(
         target=lambda: outcome.append(lifecycle.instance_provision(instance_id=instance.id))
     )
     worker.start()
+    return instance, outcome, worker
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_launch_waits_its_turn_with_a_note_on_its_timeline_and_then_runs(
+    one_slot_engine, launch_behind_an_earlier_one
+):
+    cloud, engine = one_slot_engine
+    instance, outcome, worker = launch_behind_an_earlier_one
     time.sleep(1.0)
     assert str(instance.id) not in cloud.containers  # not started while the earlier launch holds the slot
     messages = list(Instance.objects.get(pk=instance.pk).events.values_list("message", flat=True))
-    assert any(f"Waiting for its turn to start on {host.name}: 1 launch starts first" in m for m in messages)
+    assert any("Waiting for its turn to start on gpu-01: 1 launch starts first" in m for m in messages)
 
     start_slots.give_back(engine, "an-earlier-launch")
     worker.join(30)
@@ -181,19 +191,11 @@ def test_a_launch_waits_its_turn_with_a_note_on_its_timeline_and_then_runs(one_s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_launch_stopped_while_it_waits_its_turn_starts_nothing(one_slot_engine, alice):
+def test_a_launch_stopped_while_it_waits_its_turn_starts_nothing(
+    one_slot_engine, launch_behind_an_earlier_one, alice
+):
     cloud, engine = one_slot_engine
-    fake.make_host("gpu-01", gpus=8)
-    fake.make_image("cpu")
-    give(alice, 25)
-    instance = services.instance_launch(user=alice, size="1x", image_key="cpu")
-    assert start_slots.take(engine, "an-earlier-launch") == 0
-
-    outcome = []
-    worker = threading.Thread(
-        target=lambda: outcome.append(lifecycle.instance_provision(instance_id=instance.id))
-    )
-    worker.start()
+    instance, outcome, worker = launch_behind_an_earlier_one
     time.sleep(0.5)
     services.instance_stop(user=alice, instance_id=instance.id)
     worker.join(10)
