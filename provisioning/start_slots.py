@@ -91,12 +91,13 @@ return 0
 def slots_for(cpus: int) -> int:
     """How many instances an engine with `cpus` CPUs starts at once; 0 means no limit.
 
-    LAUNCH_STARTS_PER_CPU (default 4) per CPU, at least one. Creating and starting a container is the
-    engine's work and part of a JupyterLab start waits on the disk, so it takes a few per core to keep the
-    cores busy. Measured on a 2-core engine against plain `docker run`s all started at once
-    (benchmarks/bench_launch.py): with 8 slots, a burst of thirty had its median launch ready in 0.72
-    times plain's and its last in 1.07 times; a burst of ten, median 1.04 times, last 1.24 times (the
-    two that waited start when the others are nearly done). With 4 slots the last of thirty took 1.14.
+    LAUNCH_STARTS_PER_CPU (default 2) per CPU, at least one. A start waits on the disk and the engine part
+    of the time, so two per core keep the cores busy. Measured on a 2-core engine against plain `docker
+    run`s all started at once, in the same run (benchmarks/bench_launch.py, medians of four rounds): with
+    4 slots, a burst of ten had its median launch ready in 0.84 times plain's and its last in 0.98 times;
+    a burst of thirty, median 0.65 times, last 1.06 times. With 8 slots the medians were 1.09 and 0.71
+    times and the lasts 1.31 and 1.09 times: the launches that wait start when the others are nearly
+    done, which costs most in a burst just over the limit.
     """
     per_cpu = settings.LAUNCH_STARTS_PER_CPU
     if per_cpu <= 0:

@@ -286,7 +286,7 @@ SIZES_REQUIRING_BONUS = env.list("SIZES_REQUIRING_BONUS", default=["8x"])
 READY_TIMEOUT_SECONDS = env.int("READY_TIMEOUT_SECONDS", default=180)
 # How many instances one Docker engine brings up at once, per CPU of the engine (at least one); launches
 # beyond that wait their turn in the order they came (provisioning/start_slots.py). 0: no limit.
-LAUNCH_STARTS_PER_CPU = env.float("LAUNCH_STARTS_PER_CPU", default=4.0)
+LAUNCH_STARTS_PER_CPU = env.float("LAUNCH_STARTS_PER_CPU", default=2.0)
 # How often beat charges running instances and compares the database with each host.
 METER_TICK_SECONDS = env.int("METER_TICK_SECONDS", default=60)
 RECONCILE_SECONDS = env.int("RECONCILE_SECONDS", default=60)
