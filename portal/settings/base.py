@@ -102,6 +102,19 @@ if (
     _database.setdefault("OPTIONS", {}).setdefault(
         "pool", {"min_size": 1, "max_size": 100, "max_idle": 60, "timeout": 30}
     )
+# SQLite (make run's embedded default) serves the web process, both workers and beat at once. With its
+# default deferred transactions, two that read and then write find each other holding the lock and one
+# fails at once with "database is locked" (a Stop click racing the meter tick did). IMMEDIATE takes the
+# write lock when a transaction begins, so the others wait for it (up to `timeout` seconds) instead, and
+# WAL lets pages read while a worker writes.
+if _database["ENGINE"] == "django.db.backends.sqlite3":
+    _database.setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Rate-limit counters live in the database, so pages and sign-up keep working while Redis is down.
