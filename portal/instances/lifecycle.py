@@ -131,17 +131,17 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
         return "skipped"
     driver = driver_for(host, instance.driver)
     gpus = [allocation.gpu for allocation in allocations]
+    line = driver.start_line()
     try:
         with ExitStack() as slot:
 
             def turn():
-                # Read only when a container is about to start (a resumed launch may find it running).
                 slot.enter_context(
                     start_slots.start_slot(
-                        driver.start_line(),
+                        line,
                         str(instance.id),
                         waiting=lambda ahead: _tell_waiting_to_start(instance, host, ahead),
-                        wanted=lambda: _still_provisioning(instance),
+                        wanted=lambda: Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists(),
                     )
                 )
 
@@ -161,11 +161,6 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     if not transitions.mark_running(instance, ready_at=timezone.now()):
         return "skipped"
     return "running"
-
-
-def _still_provisioning(instance: Instance) -> bool:
-    """Whether the launch is still wanted: not stopped or failed since it was claimed."""
-    return Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists()
 
 
 def _tell_waiting_to_start(instance: Instance, host: GpuHost, ahead: int) -> None:
@@ -268,7 +263,7 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
                     # stop) sets `serving`, so the checks can be rarer until then.
                     every = READY_CHECK_EVERY if serving.is_set() else READY_CHECK_UNTIL_SERVING_SECONDS
                     next_check = time.monotonic() + every
-                    if not _still_provisioning(instance):
+                    if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists():
                         return ReadyOutcome(aborted=True)
                     seen = driver.poll(instance)
                     if not seen.running:
