@@ -15,10 +15,10 @@ cookies or cookies outside its own path, and its CORS headers are dropped (the g
 to its own origin only).
 """
 
-from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 from .tickets import handshake_cookie_name, lab_cookie_name
 
@@ -55,28 +55,46 @@ UPSTREAM_HEADERS_DROPPED = HOP_BY_HOP | {
     "access-control-expose-headers",
 }
 
+_UPSTREAM_HEADERS_DROPPED_BYTES = frozenset(name.encode() for name in UPSTREAM_HEADERS_DROPPED)
+
 
 # Prefixes a browser enforces on cookie names; a cookie is the same cookie to the portal with or without.
 COOKIE_PREFIXES = ("__Host-", "__Secure-")
 
 
-def portal_cookie_names() -> set[str]:
+def portal_cookie_names() -> frozenset[str]:
     """Cookies that belong to the portal or the gateway and never go to an instance.
 
     The lab cookie carries the portal session (encrypted): anyone holding it is the owner in that lab, so
     it is as secret from the instance as the session itself. Each name is also dropped with or without a
     `__Host-`/`__Secure-` prefix, so a name changed between environments never slips through.
     """
-    names = {
-        settings.SESSION_COOKIE_NAME,
-        settings.CSRF_COOKIE_NAME,
-        settings.LANGUAGE_COOKIE_NAME,
-        "messages",  # django.contrib.messages' cookie storage
-        lab_cookie_name(),
-        handshake_cookie_name(),
-    }
-    bare = {_unprefixed(name) for name in names}
-    return bare | {prefix + name for name in bare for prefix in COOKIE_PREFIXES}
+    # Every lab request asks twice; the names change only with the settings (as tests change them).
+    global _portal_cookie_names
+    if _portal_cookie_names is None:
+        names = {
+            settings.SESSION_COOKIE_NAME,
+            settings.CSRF_COOKIE_NAME,
+            settings.LANGUAGE_COOKIE_NAME,
+            "messages",  # django.contrib.messages' cookie storage
+            lab_cookie_name(),
+            handshake_cookie_name(),
+        }
+        bare = {_unprefixed(name) for name in names}
+        prefixed = {prefix + name for name in bare for prefix in COOKIE_PREFIXES}
+        _portal_cookie_names = frozenset(bare | prefixed)
+    return _portal_cookie_names
+
+
+_portal_cookie_names: frozenset[str] | None = None
+
+
+def _forget_cookie_names(**kwargs) -> None:
+    global _portal_cookie_names
+    _portal_cookie_names = None
+
+
+setting_changed.connect(_forget_cookie_names, dispatch_uid="gateway_forget_cookie_names")
 
 
 def _unprefixed(name: str) -> str:
@@ -122,13 +140,17 @@ def upstream_origin(endpoint: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def upstream_request_headers(scope, token: str, endpoint: str) -> list[tuple[str, str]]:
+def upstream_request_headers(
+    scope, token: str, endpoint: str, headers: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
     """Headers for the request to JupyterLab: the client's, minus portal cookies, plus the token.
 
     Origin is rewritten to JupyterLab's own, so its `check_origin` (Origin host == Host) accepts what
-    the gateway already checked against the portal's host.
+    the gateway already checked against the portal's host. `headers` is decoded_headers(scope), when
+    the caller has it already.
     """
-    headers = decoded_headers(scope)
+    if headers is None:
+        headers = decoded_headers(scope)
     connection_tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
     result = [
         (name, value)
@@ -207,19 +229,46 @@ def origin_allowed(scope, headers: dict[str, str]) -> bool:
     return sender is not None and sender == receiver
 
 
+# What a browser recognises after a cookie's name=value (RFC 6265 section 5.2, RFC 6265bis).
+COOKIE_ATTRIBUTES = {"expires", "max-age", "domain", "path", "secure", "httponly", "samesite", "partitioned"}
+
+
+def set_cookie_parts(value: str) -> tuple[str, dict[str, str]] | None:
+    """(name, attributes) of a Set-Cookie value, read as RFC 6265 section 5.2 has a browser read it.
+
+    The name is what precedes the first "=" of the part before the first ";", trimmed; each attribute's
+    name is lower-cased and the last of a kind wins. None when there is no name, or an attribute a
+    browser would not recognise (a second "name=value", say), so such a header is dropped rather than
+    guessed at. JupyterLab sets one of these on nearly every answer, and this reading is a few string
+    splits where http.cookies' regular expressions cost more than the rest of a forwarded poll.
+    """
+    pair, *attributes = value.split(";")
+    name, equals, _ = pair.partition("=")
+    name = name.strip()
+    if not equals or not name:
+        return None
+    found: dict[str, str] = {}
+    for attribute in attributes:
+        key, _, attribute_value = attribute.partition("=")
+        key = key.strip().lower()
+        if not key:
+            continue
+        if key not in COOKIE_ATTRIBUTES:
+            return None
+        found[key] = attribute_value.strip()
+    return name, found
+
+
 def _safe_set_cookie(value: str, path_prefix: str) -> bool:
     """Whether an instance's Set-Cookie may reach the browser: its own path, no domain, no portal name."""
-    cookie = SimpleCookie()
-    try:
-        cookie.load(value)
-    except CookieError:
+    parts = set_cookie_parts(value)
+    if parts is None:
         return False
-    if len(cookie) != 1:
+    name, attributes = parts
+    # Any Domain, even an empty one (which browsers are told to ignore), is refused.
+    if name in portal_cookie_names() or "domain" in attributes:
         return False
-    ((name, morsel),) = cookie.items()
-    if name in portal_cookie_names() or morsel["domain"]:
-        return False
-    path = morsel["path"]
+    path = attributes.get("path", "")
     # No Path means the request's directory, which is under the instance's prefix.
     return not path or path.rstrip("/") + "/" == path_prefix or path.startswith(path_prefix)
 
@@ -241,24 +290,30 @@ def downstream_response_headers(raw_headers, *, path_prefix: str, endpoint: str,
     `raw_headers` is a list of (bytes, bytes). When `rewrite_body` is set, the length and encoding go
     too, because the gateway sends a decoded, rewritten body.
     """
+    # Names compared as bytes: this runs on every forwarded answer, and most headers pass untouched.
     result = []
-    connection_tokens: set[str] = set()
-    for raw_name, raw_value in raw_headers:
-        if raw_name.lower() == b"connection":
-            connection_tokens |= {t.strip().lower() for t in raw_value.decode("latin-1").split(",")}
-    for raw_name, raw_value in raw_headers:
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
-        if name == "set-cookie":
-            if _safe_set_cookie(value, path_prefix):
+    named = [(raw_name.lower(), raw_name, raw_value) for raw_name, raw_value in raw_headers]
+    dropped = _UPSTREAM_HEADERS_DROPPED_BYTES
+    connection_tokens = {
+        token.strip()
+        for name, _, value in named
+        if name == b"connection"
+        for token in value.lower().split(b",")
+    }
+    if connection_tokens:
+        dropped = dropped | connection_tokens
+    for name, raw_name, raw_value in named:
+        if name == b"set-cookie":
+            if _safe_set_cookie(raw_value.decode("latin-1"), path_prefix):
                 result.append((raw_name, raw_value))
             continue
-        if name in UPSTREAM_HEADERS_DROPPED or name in connection_tokens:
+        if name in dropped:
             continue
-        if rewrite_body and name in ("content-length", "content-encoding"):
+        if rewrite_body and name in (b"content-length", b"content-encoding"):
             continue
-        if name == "location":
-            result.append((raw_name, strip_token_from_url(value, endpoint).encode("latin-1")))
+        if name == b"location":
+            location = strip_token_from_url(raw_value.decode("latin-1"), endpoint)
+            result.append((raw_name, location.encode("latin-1")))
             continue
         result.append((raw_name, raw_value))
     return result
