@@ -6,12 +6,15 @@ on a scratch PostgreSQL database. Requests alternate between the two routes, one
 kept-alive connections, so both see the same machine load:
 - direct:  GET <endpoint>/instances/<id>/lab/api/status with the token header;
 - gateway: the same path on the portal with the owner's session cookie, decision cached (a lab
-  page load is a burst of requests from one session);
+  page load is a burst of requests from one session), so it takes the fast path
+  (portal/gateway/fast_path.py);
 - gateway, uncached: each request from a new session (the first request of a session), so every one
   pays the session, user and instance reads, on a pooled connection;
 - minimal proxy: benchmarks/minimal_proxy.py on the same uvicorn command line, forwarding to the same
   JupyterLab with the gateway's aiohttp client settings and nothing else (no session, no decision, no
-  header rewriting): the cost of the extra hop itself, which a gateway written this way cannot beat;
+  header rewriting): what a hop through uvicorn's ASGI layer and aiohttp costs, which the general
+  path cannot beat and the fast path goes below (that process has no gateway, so its protocol is
+  plain uvicorn's);
 - kit's nginx: production's route. nginx runs the deploy kit's site as tests/deploy runs it
   (tests.deploy.kit), in front of this portal; the request goes to the lab's own host with the owner's
   lab cookie, nginx asks the portal's /auth (or remembers its answer, as it does for 2 to 3 seconds)

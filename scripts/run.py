@@ -525,8 +525,9 @@ def main() -> int:
 
         # --- The web server, the Celery workers and beat
         python = sys.executable
-        web = "-m uvicorn portal.asgi:application --loop uvloop --http httptools --host 127.0.0.1".split()
-        web += ["--port", str(port)]
+        web = "-m uvicorn portal.asgi:application --loop uvloop --host 127.0.0.1".split()
+        # The gateway's fast path for lab GETs (portal/gateway/fast_path.py), as the deploy kit runs it.
+        web += ["--http", "portal.gateway.fast_path:LabHttpProtocol", "--port", str(port)]
         # The worker layout production runs (portal/workers.py): launches on a worker of their own, so
         # they never hold up metering, stops and emails on the default one.
         from portal import workers

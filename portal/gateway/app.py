@@ -24,6 +24,7 @@ from . import lab_path, pages, tickets
 from .access import Decision, Outcome, access_check, decision_cache
 from .headers import decoded_headers, origin_allowed, strip_portal_cookies
 from .http_proxy import new_client, path_with_query, proxy_http, reply
+from .lab_upstream import close_lab_upstream
 from .ws_proxy import proxy_websocket, refuse
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Gateway:
         return self._client
 
     async def aclose(self) -> None:
+        close_lab_upstream()
         if self._client is not None and self._client_loop is asyncio.get_running_loop():
             await self._client.close()
         self._client = None
@@ -96,6 +98,31 @@ class Gateway:
         if session_key:
             self.cache.put(session_key, instance_id, decision)
         return decision
+
+    def cached_lab_get(self, scope) -> tuple[Decision, str, dict[str, str]] | None:
+        """(decision, lab prefix, decoded headers) when `scope` is a lab GET the fast path may forward
+        (fast_path.py).
+
+        That is a GET without a body, on the lab's own host in subdomain mode, from a session whose
+        ALLOW (with an endpoint) is in the decision cache: exactly the requests `_lab_http` would
+        forward without reading the database. Anything else is None and goes the general way.
+        """
+        if scope["method"] != "GET":
+            return None
+        lab = LAB_PATH.match(scope["path"])
+        if lab is None:
+            return None
+        headers = decoded_headers(scope)
+        if "content-length" in headers or "transfer-encoding" in headers or "expect" in headers:
+            return None
+        instance_id = lab["instance_id"]
+        if self._off_lab_host(headers, instance_id):
+            return None
+        session_key = self.session_key(headers, instance_id)
+        decision = self.cache.get(session_key, instance_id) if session_key else None
+        if decision is None or not decision.allowed or not decision.endpoint:
+            return None
+        return decision, f"/instances/{instance_id}/lab/", headers
 
     async def __call__(self, scope, receive, send):
         path = scope["path"]

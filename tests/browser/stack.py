@@ -93,6 +93,9 @@ class PortalProcess:
                     "-m",
                     "uvicorn",
                     "portal.asgi:application",
+                    # As the deploy kit and make run serve it: with the gateway's fast path.
+                    "--http",
+                    "portal.gateway.fast_path:LabHttpProtocol",
                     "--host",
                     "127.0.0.1",
                     "--port",
