@@ -6,6 +6,7 @@ from the console, never from inside them.
 """
 
 import enum
+import json
 import threading
 import time
 import uuid
@@ -17,7 +18,9 @@ from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.auth.signals import user_logged_out
-from django.db import close_old_connections
+from django.contrib.sessions.models import Session
+from django.db import close_old_connections, connection
+from django.utils import timezone
 
 from portal.instances.models import Instance
 
@@ -81,16 +84,23 @@ class _SessionReader:
         self._store.flush()
 
 
-def session_user(session_key: str | None):
+DATABASE_SESSIONS = "django.contrib.sessions.backends.db"
+
+
+def session_user(session_key: str | None, *, session_data: str | None = None):
     """Returns the active user signed in with `session_key`, or AnonymousUser.
 
     Uses Django's own session engine and `auth.get_user`, so expiry, logout (a flushed session) and a
     password change (the session hash no longer verifies) all end access exactly as they end the
-    portal session. Never raises for a bad key.
+    portal session. Never raises for a bad key. `session_data` is the session's row as already read
+    (`_session_with_instance`), so the store need not read it again.
     """
     if not session_key:
         return AnonymousUser()
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    if session_data is not None:
+        # What SessionBase._get_session would load from the row.
+        store._session_cache = store.decode(session_data)
     user = auth.get_user(SimpleNamespace(session=_SessionReader(store)))
     # Some backends (social-auth's) load the user without looking at is_active; a deleted or
     # deactivated account must lose its instances' JupyterLab at once.
@@ -99,25 +109,88 @@ def session_user(session_key: str | None):
     return user
 
 
+def _session_with_instance(session_key: str, instance_id: uuid.UUID | None) -> dict | None:
+    """The unexpired session row and the instance's owner, state, endpoint and token, in one query.
+
+    None when there is no such session. The instance's fields are None when there is no such instance;
+    they are looked at only once the session's user is known to own it. Plain SQL: this runs on the
+    first request of every lab session, and compiling the equivalent queryset cost more than the
+    round trip it saves.
+    """
+    quote = connection.ops.quote_name
+    instance_pk = Instance._meta.pk
+
+    def column(model, name: str) -> str:
+        return quote(model._meta.get_field(name).column)
+
+    sql = (
+        f"SELECT s.{column(Session, 'session_data')}, i.{column(Instance, 'user')}, "
+        f"i.{column(Instance, 'state')}, i.{column(Instance, 'driver_state')}, "
+        f"i.{column(Instance, 'jupyter_token')} "
+        f"FROM {quote(Session._meta.db_table)} s LEFT JOIN {quote(Instance._meta.db_table)} i "
+        f"ON i.{quote(instance_pk.column)} = %s "
+        f"WHERE s.{column(Session, 'session_key')} = %s AND s.{column(Session, 'expire_date')} > %s"
+    )
+    params = [
+        instance_pk.get_db_prep_value(instance_id, connection) if instance_id is not None else None,
+        session_key,
+        connection.ops.adapt_datetimefield_value(timezone.now()),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    session_data, user_id, state, driver_state, token = row
+    if isinstance(driver_state, str):
+        driver_state = json.loads(driver_state)
+    owner = Instance._meta.get_field("user").target_field.to_python(user_id) if user_id is not None else None
+    return {
+        "session_data": session_data,
+        "instance_user_id": owner,
+        "instance_state": state,
+        "instance_driver_state": driver_state,
+        "instance_token": token,
+    }
+
+
 def access_check(*, session_key: str | None, instance_id: str) -> Decision:
     """Decides whether the browser holding `session_key` may open instance `instance_id`'s JupyterLab.
 
     Returns a Decision; never raises for bad input. Runs database queries, so call it from a thread,
     not the event loop. The session is checked before the instance, so an anonymous browser learns
-    nothing about which ids exist.
+    nothing about which ids exist. With sessions in the database (the default), the session and the
+    instance are read in one query, and the user in a second: the first request of a session waits
+    on two round trips instead of three.
     """
     try:
-        user = session_user(session_key)
-        if not user.is_authenticated:
-            return Decision(Outcome.ANONYMOUS)
         parsed = parse_instance_id(instance_id)
-        row = None
-        if parsed is not None:
-            row = (
-                Instance.objects.filter(id=parsed, user_id=user.pk)
-                .values("state", "driver_state", "jupyter_token")
-                .first()
-            )
+        if session_key and settings.SESSION_ENGINE == DATABASE_SESSIONS:
+            found = _session_with_instance(session_key, parsed)
+            if found is None:
+                return Decision(Outcome.ANONYMOUS)
+            user = session_user(session_key, session_data=found["session_data"])
+            if not user.is_authenticated:
+                return Decision(Outcome.ANONYMOUS)
+            owned = parsed is not None and found["instance_user_id"] == user.pk
+            row = None
+            if owned:
+                row = {
+                    "state": found["instance_state"],
+                    "driver_state": found["instance_driver_state"],
+                    "jupyter_token": found["instance_token"],
+                }
+        else:
+            user = session_user(session_key)
+            if not user.is_authenticated:
+                return Decision(Outcome.ANONYMOUS)
+            row = None
+            if parsed is not None:
+                row = (
+                    Instance.objects.filter(id=parsed, user_id=user.pk)
+                    .values("state", "driver_state", "jupyter_token")
+                    .first()
+                )
         if row is None:
             return Decision(Outcome.NOT_FOUND)
         if row["state"] != Instance.State.RUNNING:

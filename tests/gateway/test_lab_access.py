@@ -192,3 +192,17 @@ def test_it_leaves_the_rest_of_the_portal_to_django(client, alice, portal_server
 
     assert response.status_code == 200
     assert "Instances" in response.text
+
+
+def test_deciding_a_sessions_first_lab_request_reads_the_database_twice(
+    client, alice, alice_lab, django_assert_num_queries
+):
+    # The session with the instance, then the user (Django's auth.get_user): a page load's first
+    # request waits on two round trips, not three.
+    from portal.gateway.access import access_check
+
+    alice_session = session_cookie_for(client, alice)
+    with django_assert_num_queries(2):
+        decision = access_check(session_key=alice_session, instance_id=str(alice_lab.id))
+
+    assert decision.allowed and decision.endpoint and decision.token == alice_lab.jupyter_token
