@@ -60,14 +60,14 @@ def database_url(settings_dict) -> str:
 
 
 def start_kit_web(
-    port: int, url: str, log: Path, *, app: str = "", env: dict | None = None
+    port: int, url: str, log: Path, *, app: str = "", http: str = "", env: dict | None = None
 ) -> subprocess.Popen:
     """The portal as the deploy kit's web unit runs it, on `port` against database `url`.
 
     The unit's exact command line (deploy/systemd/devcloud-web.service) with the production settings;
     only the port differs, and the number of worker processes follows the unit's rule, one per core.
     `app` serves another ASGI application with that same command line (a baseline to compare with),
-    and `env` adds to its environment.
+    `http` another uvicorn HTTP protocol, and `env` adds to its environment.
     Plain HTTP on loopback (SECURE_SSL_REDIRECT off): nginx terminates TLS in production. Sessions the
     bench makes in its own process are valid there (same SECRET_KEY).
     """
@@ -91,5 +91,7 @@ def start_kit_web(
     command[command.index("--workers") + 1] = str(os.cpu_count() or 1)
     if app:
         command[command.index("portal.asgi:application")] = app
+    if http:
+        command[command.index("--http") + 1] = http
     with open(log, "wb") as log_file:
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)

@@ -8,8 +8,11 @@ kept-alive connections, so both see the same machine load:
 - gateway: the same path on the portal with the owner's session cookie, decision cached (a lab
   page load is a burst of requests from one session), so it takes the fast path
   (portal/gateway/fast_path.py);
+- gateway, general path: the same, on a second portal whose uvicorn runs its stock HTTP protocol
+  (`--http httptools`) instead of the gateway's, so every request goes through the ASGI gateway and
+  its aiohttp client: what the fast path saves, measured in the same run;
 - gateway, uncached: each request from a new session (the first request of a session), so every one
-  pays the session, user and instance reads, on a pooled connection;
+  pays the session-and-instance read and the user read, on a pooled connection;
 - minimal proxy: benchmarks/minimal_proxy.py on the same uvicorn command line, forwarding to the same
   JupyterLab with the gateway's aiohttp client settings and nothing else (no session, no decision, no
   header rewriting): what a hop through uvicorn's ASGI layer and aiohttp costs, which the general
@@ -117,6 +120,14 @@ def main() -> dict:
             scratch / "portal.log",
             env={"GATEWAY_AUTH_SECRET": gateway_secret},
         )
+        general_port = free_port()
+        general = start_kit_web(
+            general_port,
+            database_url(connection.settings_dict),
+            scratch / "general.log",
+            http="httptools",
+            env={"GATEWAY_AUTH_SECRET": gateway_secret},
+        )
         proxy_port = free_port()
         proxy = start_kit_web(
             proxy_port,
@@ -125,7 +136,7 @@ def main() -> dict:
             app="benchmarks.minimal_proxy:app",
             env={"BENCH_PROXY_UPSTREAM": endpoint},
         )
-        processes = [portal, proxy, lab]
+        processes = [portal, general, proxy, lab]
         with_nginx = shutil.which("nginx") is not None
         try:
             if with_nginx:
@@ -139,6 +150,12 @@ def main() -> dict:
                 lambda: httpx.get(f"{gateway_url}/accounts/login/").status_code == 200,
                 timeout=60,
                 what="the portal to answer",
+            )
+            general_url = f"http://127.0.0.1:{general_port}"
+            wait_until(
+                lambda: httpx.get(f"{general_url}/accounts/login/").status_code == 200,
+                timeout=60,
+                what="the general-path portal to answer",
             )
             proxy_url = f"http://127.0.0.1:{proxy_port}"
             wait_until(
@@ -171,22 +188,25 @@ def main() -> dict:
                     return httpx.get(kit_routes[0][0], headers=on_lab_host).status_code == 200
 
                 wait_until(through_nginx, timeout=30, what="JupyterLab through the kit's nginx")
-            direct, cached, uncached, minimal = [], [], [], []
+            direct, cached, general_path, uncached, minimal = [], [], [], [], []
             with (
                 httpx.Client(headers={"Authorization": f"token {token}"}) as to_lab,
                 httpx.Client(cookies={PRODUCTION_SESSION_COOKIE: new_session()}) as to_gateway,
+                httpx.Client(cookies={PRODUCTION_SESSION_COOKIE: new_session()}) as to_general,
                 httpx.Client() as to_gateway_cold,
                 httpx.Client(headers=on_lab_host, verify=False) as to_kit,
             ):
                 for _ in range(WARMUP):
                     _timed_get(to_lab, endpoint + path)
                     _timed_get(to_gateway, gateway_url + path)
+                    _timed_get(to_general, general_url + path)
                     _timed_get(to_lab, proxy_url + path)
                     for url, _samples in kit_routes:
                         _timed_get(to_kit, url)
                 for number in range(REQUESTS):
                     direct.append(_timed_get(to_lab, endpoint + path))
                     cached.append(_timed_get(to_gateway, gateway_url + path))
+                    general_path.append(_timed_get(to_general, general_url + path))
                     cookie = {"Cookie": f"{PRODUCTION_SESSION_COOKIE}={fresh_sessions[number]}"}
                     uncached.append(_timed_get(to_gateway_cold, gateway_url + path, headers=cookie))
                     minimal.append(_timed_get(to_lab, proxy_url + path))
@@ -201,6 +221,7 @@ def main() -> dict:
     figures = {
         "direct": summarize_ms(direct),
         "gateway": summarize_ms(cached),
+        "gateway_general": summarize_ms(general_path),
         "gateway_uncached": summarize_ms(uncached),
         "minimal_proxy": summarize_ms(minimal),
     }
@@ -228,6 +249,7 @@ def main() -> dict:
         "gateway_median_ms": figures["gateway"]["median_ms"],
         "gateway_uncached_median_ms": figures["gateway_uncached"]["median_ms"],
         "gateway_ratio": round(figures["gateway"]["median_ms"] / base, 2) if base else None,
+        "gateway_general_ratio": round(figures["gateway_general"]["median_ms"] / base, 2) if base else None,
         "gateway_uncached_ratio": round(figures["gateway_uncached"]["median_ms"] / base, 2) if base else None,
         "minimal_proxy_ratio": round(figures["minimal_proxy"]["median_ms"] / base, 2) if base else None,
     }
