@@ -14,7 +14,7 @@ answered, the same way.
 
 What it saves is a task per request, the proxy-headers middleware, the router, the instrumented
 wrapper, aiohttp's request and response objects and the ASGI message traffic: on this hardware that was
-most of what the gateway added to a JupyterLab poll (benchmarks/bench_gateway.py).
+about half of what the gateway added to a JupyterLab poll (benchmarks/bench_gateway.py times both paths).
 """
 
 import asyncio
