@@ -109,11 +109,12 @@ def session_user(session_key: str | None, *, session_data: str | None = None):
     return user
 
 
-def _session_with_instance(session_key: str, instance_id: uuid.UUID | None) -> dict | None:
-    """The unexpired session row and the instance's owner, state, endpoint and token, in one query.
+def _session_with_instance(session_key: str, instance_id: uuid.UUID | None) -> tuple | None:
+    """(session data, instance owner's id, instance row) for an unexpired session, in one query.
 
-    None when there is no such session. The instance's fields are None when there is no such instance;
-    they are looked at only once the session's user is known to own it. Plain SQL: this runs on the
+    None when there is no such session; the owner and row are None when there is no such instance. The
+    row has the fields access_check reads; it is looked at only once the session's user is known to
+    own the instance. Plain SQL: this runs on the
     first request of every lab session, and compiling the equivalent queryset cost more than the
     round trip it saves.
     """
@@ -144,14 +145,10 @@ def _session_with_instance(session_key: str, instance_id: uuid.UUID | None) -> d
     session_data, user_id, state, driver_state, token = row
     if isinstance(driver_state, str):
         driver_state = json.loads(driver_state)
-    owner = Instance._meta.get_field("user").target_field.to_python(user_id) if user_id is not None else None
-    return {
-        "session_data": session_data,
-        "instance_user_id": owner,
-        "instance_state": state,
-        "instance_driver_state": driver_state,
-        "instance_token": token,
-    }
+    if user_id is None:
+        return session_data, None, None
+    owner = Instance._meta.get_field("user").target_field.to_python(user_id)
+    return session_data, owner, {"state": state, "driver_state": driver_state, "jupyter_token": token}
 
 
 def access_check(*, session_key: str | None, instance_id: str) -> Decision:
@@ -169,17 +166,12 @@ def access_check(*, session_key: str | None, instance_id: str) -> Decision:
             found = _session_with_instance(session_key, parsed)
             if found is None:
                 return Decision(Outcome.ANONYMOUS)
-            user = session_user(session_key, session_data=found["session_data"])
+            session_data, owner, row = found
+            user = session_user(session_key, session_data=session_data)
             if not user.is_authenticated:
                 return Decision(Outcome.ANONYMOUS)
-            owned = parsed is not None and found["instance_user_id"] == user.pk
-            row = None
-            if owned:
-                row = {
-                    "state": found["instance_state"],
-                    "driver_state": found["instance_driver_state"],
-                    "jupyter_token": found["instance_token"],
-                }
+            if owner != user.pk:
+                row = None
         else:
             user = session_user(session_key)
             if not user.is_authenticated:
