@@ -272,23 +272,18 @@ class _Metered:
 
 def _charge_batch(batch: dict[int, list], now: datetime, result: TickResult) -> None:
     user_ids = sorted(batch)
-    missing = set(user_ids) - set(
-        CreditAccount.objects.filter(user_id__in=user_ids).values_list("user_id", flat=True)
-    )
-    for user_id in missing:
-        # An owner without an account cannot have launched through instance_launch; make one so the
-        # charge has somewhere to go rather than letting the instance run free.
-        CreditAccount.objects.get_or_create(user_id=user_id)
     stopping_before, queued_before = len(result.stopping_ids), len(result.stopped_queued_ids)
     with transaction.atomic():
-        # user_id -> [account id, balance], locked in id order like every other path that locks accounts.
-        accounts = {
-            user_id: [account_id, balance]
-            for account_id, user_id, balance in CreditAccount.objects.select_for_update()
-            .filter(user_id__in=user_ids)
-            .order_by("id")
-            .values_list("id", "user_id", "balance_gpu_seconds")
-        }
+        accounts = _lock_accounts(user_ids)
+        missing = set(user_ids) - accounts.keys()
+        if missing:
+            # An owner without an account cannot have launched through instance_launch; make one so the
+            # charge has somewhere to go rather than letting the instance run free. The new accounts are
+            # locked after the others, out of id order: safe, as no other path locks a brand-new account
+            # together with others (a concurrent tick waits on this batch's first account).
+            for user_id in sorted(missing):
+                CreditAccount.objects.get_or_create(user_id=user_id)
+            accounts = _lock_accounts(user_ids)
         charge = _charge_in_database if connection.vendor == "postgresql" else _charge_in_python
         charged = charge(batch, accounts, now)
         for user_id, balance in charged.balances.items():
@@ -313,6 +308,18 @@ def _charge_batch(batch: dict[int, list], now: datetime, result: TickResult) -> 
     except Exception:
         # The charges stand and the next batches must still be charged; a lost notice is only logged.
         logger.exception("Could not notify the owners of a metering batch")
+
+
+def _lock_accounts(user_ids: list[int]) -> dict[int, list]:
+    """Lock the accounts of these owners, in id order like every other path that locks accounts, and
+    return user_id -> [account id, balance]."""
+    return {
+        user_id: [account_id, balance]
+        for account_id, user_id, balance in CreditAccount.objects.select_for_update()
+        .filter(user_id__in=user_ids)
+        .order_by("id")
+        .values_list("id", "user_id", "balance_gpu_seconds")
+    }
 
 
 @dataclass

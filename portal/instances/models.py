@@ -54,13 +54,17 @@ class Instance(models.Model):
     LIVE_STATES = (State.QUEUED, State.PROVISIONING, State.RUNNING, State.STOPPING)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances")
+    # No index of its own: the (user, state) index below starts with it.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances", db_index=False
+    )
     size = models.CharField(max_length=10)
     image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="instances")
     host = models.ForeignKey(
         "provisioning.GpuHost", null=True, blank=True, on_delete=models.PROTECT, related_name="instances"
     )
-    state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED, db_index=True)
+    # Indexed through (state, created_at) below.
+    state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED)
     step = models.CharField(max_length=20, choices=Step.choices, default=Step.QUEUED)
     # What went wrong and what to do next, shown to the owner.
     failure_reason = models.TextField(blank=True, default="")

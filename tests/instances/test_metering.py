@@ -263,3 +263,20 @@ def test_a_tick_runs_a_fixed_number_of_queries_however_many_instances_run(db, im
     few = tick_queries(3, T0)
     many = tick_queries(60, T0 + timedelta(seconds=1))
     assert many == few
+
+
+def test_an_owner_without_a_credit_account_is_charged_into_a_new_one_and_stopped(db, image, running):
+    # Such an owner could not have launched through the portal; the instance must not run free.
+    paying, stray = owner("paying@example.com"), owner("stray@example.com")
+    give(paying, 25 * HOUR)
+    running(paying)
+    stray_instance = running(stray)
+    CreditAccount.objects.filter(user=stray).delete()
+
+    result = metering.meter_tick(T0 + timedelta(seconds=60))
+
+    assert result.instances_charged == 2
+    assert balance(paying) == 25 * HOUR - 60
+    # A fresh account holds nothing: the minute goes down to the debt floor and the owner is stopped.
+    assert balance(stray) == -60
+    assert stray_instance.id in result.stopping_ids
