@@ -59,13 +59,18 @@ def database_url(settings_dict) -> str:
     return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
 
 
+def web_workers() -> int:
+    """The kit's web unit runs two uvicorn worker processes per core (deploy/systemd/devcloud-web.service)."""
+    return 2 * (os.cpu_count() or 1)
+
+
 def start_kit_web(
     port: int, url: str, log: Path, *, app: str = "", http: str = "", env: dict | None = None
 ) -> subprocess.Popen:
     """The portal as the deploy kit's web unit runs it, on `port` against database `url`.
 
     The unit's exact command line (deploy/systemd/devcloud-web.service) with the production settings;
-    only the port differs, and the number of worker processes follows the unit's rule, one per core.
+    only the port differs, and the number of worker processes follows the unit's rule, two per core.
     `app` serves another ASGI application with that same command line (a baseline to compare with),
     `http` another uvicorn HTTP protocol, and `env` adds to its environment.
     Plain HTTP on loopback (SECURE_SSL_REDIRECT off): nginx terminates TLS in production. Sessions the
@@ -88,7 +93,7 @@ def start_kit_web(
     env.pop("DATABASE_CONN_MAX_AGE", None)
     command = exec_start("devcloud-web.service")
     command[command.index("--port") + 1] = str(port)
-    command[command.index("--workers") + 1] = str(os.cpu_count() or 1)
+    command[command.index("--workers") + 1] = str(web_workers())
     if app:
         command[command.index("portal.asgi:application")] = app
     if http:

@@ -5,8 +5,8 @@ with 10,000 developers and 1,000,000 ledger entries.
 - Seeded in a scratch PostgreSQL database: 10,000 users, each with a credit account, 100 ledger
   entries spread over the last 70 days and 3 stopped instances; the 50 users locust plays also have one
   running instance, whose status JSON they poll.
-- The portal runs as the deploy kit's web unit runs it (its exact uvicorn command line, one worker
-  process per core) with the production settings (portal.settings.production: its database connection
+- The portal runs as the deploy kit's web unit runs it (its exact uvicorn command line, two worker
+  processes per core) with the production settings (portal.settings.production: its database connection
   pool, DEBUG off), over plain HTTP on loopback (SECURE_SSL_REDIRECT off; nginx terminates TLS in
   production).
 - locust (benchmarks/locust_pages.py) plays 50 users for LOAD_SECONDS after they have all started:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import database_url, scratch_database, start_kit_web, summarize_ms
+from benchmarks import database_url, scratch_database, start_kit_web, summarize_ms, web_workers
 
 DATABASE = "devcloud_bench_pages"
 USERS = int(os.environ.get("BENCH_PAGES_USERS_SEEDED", "10000"))
@@ -38,8 +38,6 @@ LEDGER_PER_USER = 100
 INSTANCES_PER_USER = 3
 CONCURRENT = int(os.environ.get("BENCH_PAGES_CONCURRENT", "50"))
 LOAD_SECONDS = int(os.environ.get("BENCH_PAGES_SECONDS", "40"))
-# The kit's web unit runs one worker process per core (benchmarks.start_kit_web).
-WEB_WORKERS = os.cpu_count() or 1
 TARGET_P95_MS = 50
 BASELINE_REQUESTS = 50
 PAGES = {"dashboard": "/", "instance list": "/instances/", "status JSON": "/instances/{instance}/status.json"}
@@ -269,7 +267,7 @@ def main() -> dict:
             portal.wait(timeout=15)
 
     print(
-        f"{CONCURRENT} concurrent users for {LOAD_SECONDS} s (locust), {WEB_WORKERS} uvicorn workers; "
+        f"{CONCURRENT} concurrent users for {LOAD_SECONDS} s (locust), {web_workers()} uvicorn workers; "
         f"target: p95 under {TARGET_P95_MS} ms per page"
     )
     results = {}

@@ -15,8 +15,9 @@ HISTORY_PAGE_ROWS = 50
 
 
 def ledger_for(user, limit: int = DASHBOARD_LEDGER_ROWS):
-    """The user's latest ledger entries, newest first."""
-    return ledger_of(user)[:limit]
+    """The user's latest ledger entries, newest first, each with its account (the current balance) read in
+    the same query."""
+    return ledger_of(user).select_related("account")[:limit]
 
 
 def ledger_of(user):

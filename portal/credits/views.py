@@ -18,8 +18,12 @@ from .models import hours
 def dashboard(request):
     if not request.user.is_authenticated:
         return _front_page(request)
-    balance = selectors.balance_for(request.user)
-    program = selectors.current_signup_program()
+    # One read gives the latest entries and, through their account, the balance; the account is read on
+    # its own only for someone with no entries yet.
+    entries = list(selectors.ledger_for(request.user, limit=selectors.DASHBOARD_LEDGER_ROWS + 1))
+    balance = entries[0].account.balance_gpu_seconds if entries else selectors.balance_for(request.user)
+    # The grant is named only to someone who has yet to confirm their address.
+    program = None if request.user.email_verified else selectors.current_signup_program()
     return render(
         request,
         "credits/dashboard.html",
@@ -27,7 +31,7 @@ def dashboard(request):
             "balance_gpu_seconds": balance,
             "balance_hours": hours(balance),
             # One row more than is shown tells whether "Full history" has more to show.
-            "entries": list(selectors.ledger_for(request.user, limit=selectors.DASHBOARD_LEDGER_ROWS + 1)),
+            "entries": entries,
             "entries_shown": selectors.DASHBOARD_LEDGER_ROWS,
             "offers": selectors.size_offers(balance),
             "application_counts": selectors.application_counts_for(request.user),

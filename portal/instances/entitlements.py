@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Q
 from django.urls import reverse
 
 from portal.console.services import audit_record
@@ -55,9 +54,27 @@ class Refusal:
         return self.message
 
 
-def tier_of(user) -> str:
+def standing_applications(user) -> list[BonusApplication]:
+    """The user's pending and approved bonus applications, with their programs: what decides their tier
+    and what a refusal of a bonus size tells them, in one read."""
+    return list(
+        BonusApplication.objects.filter(
+            user_id=user.pk, status__in=(BonusApplication.Status.PENDING, BonusApplication.Status.APPROVED)
+        ).select_related("program")
+    )
+
+
+def tier_of(user, *, applications: list[BonusApplication] | None = None) -> str:
     """TIER_BONUS when one of the user's bonus applications was approved by an operator or on the listed
-    holder's identity (BonusApplication.VOUCHED_BASES), else TIER_FREE."""
+    holder's identity (BonusApplication.VOUCHED_BASES), else TIER_FREE. `applications`
+    (standing_applications()), when the caller already has them, saves reading them."""
+    if applications is not None:
+        vouched = any(
+            application.status == BonusApplication.Status.APPROVED
+            and application.approval_basis in BonusApplication.VOUCHED_BASES
+            for application in applications
+        )
+        return TIER_BONUS if vouched else TIER_FREE
     approved = BonusApplication.objects.filter(
         user_id=user.pk,
         status=BonusApplication.Status.APPROVED,
@@ -90,23 +107,26 @@ def open_program_names() -> list[str]:
 
 
 def size_refusal(
-    user, size: Size, policy: LaunchPolicy, *, tier: str | None = None, open_programs: list[str] | None = None
+    user,
+    size: Size,
+    policy: LaunchPolicy,
+    *,
+    tier: str | None = None,
+    open_programs: list[str] | None = None,
+    applications: list[BonusApplication] | None = None,
 ) -> Refusal | None:
-    """Why the policy keeps `size` closed to `user`, and how to open it; None when it is open. `tier` and
-    `open_programs` (open_program_names()), when the caller already has them, save reading them again."""
-    tier = tier or tier_of(user)
+    """Why the policy keeps `size` closed to `user`, and how to open it; None when it is open. `tier`,
+    `open_programs` (open_program_names()) and `applications` (standing_applications()), when the caller
+    already has them, save reading them again."""
+    tier = tier or tier_of(user, applications=applications)
     if size.key in allowed_sizes(user, policy, tier=tier):
         return None
     if size.key not in policy.bonus_sizes:
         return Refusal(f"{size.name} is not open to accounts right now. Contact support if you need it.")
     opens = f"{size.name} opens once an operator approves one of your bonus-hour applications"
     bonus_page = reverse("credits:bonus")
-    # The person's pending applications and those approved on a bare certificate ID, in one read.
-    waiting = BonusApplication.objects.filter(user_id=user.pk).filter(
-        Q(status=BonusApplication.Status.PENDING)
-        | Q(status=BonusApplication.Status.APPROVED, approval_basis=BonusApplication.ApprovalBasis.BARE_ID)
-    )
-    applications = list(waiting.select_related("program"))
+    if applications is None:
+        applications = standing_applications(user)
     pending = next((a for a in applications if a.status == BonusApplication.Status.PENDING), None)
     if pending is not None:
         return Refusal(
@@ -114,7 +134,15 @@ def size_refusal(
             bonus_page,
             "See your applications",
         )
-    bare = next((a for a in applications if a.status == BonusApplication.Status.APPROVED), None)
+    bare = next(
+        (
+            a
+            for a in applications
+            if a.status == BonusApplication.Status.APPROVED
+            and a.approval_basis == BonusApplication.ApprovalBasis.BARE_ID
+        ),
+        None,
+    )
     if bare is not None:
         return Refusal(
             f"{opens}; yours for {bare.program.name} was approved from the certificate list alone, which "

@@ -59,13 +59,19 @@ def launch_minimum_gpu_seconds(size: Size) -> int:
     return size.gpus * launch_window_seconds()
 
 
-def _burning(user, now: datetime) -> tuple[int, int, int]:
+def _burning(user, now: datetime, *, instances: list[Instance] | None = None) -> tuple[int, int, int]:
     """(GPUs of the user's queued, provisioning and running instances, GPU-seconds burned but not yet
-    charged, how many such instances there are)."""
+    charged, how many such instances there are). `instances`, when the caller has every live one of the
+    user's, saves reading them."""
     gpus_total, unbilled = 0, 0
-    rows = list(
-        Instance.objects.filter(user=user, state__in=BURNING_STATES).values_list("size", "state", "metered_until")
-    )
+    if instances is not None:
+        rows = [(i.size, i.state, i.metered_until) for i in instances if i.state in BURNING_STATES]
+    else:
+        rows = list(
+            Instance.objects.filter(user=user, state__in=BURNING_STATES).values_list(
+                "size", "state", "metered_until"
+            )
+        )
     for size_key, state, metered_until in rows:
         gpus = SIZES[size_key].gpus
         gpus_total += gpus
@@ -298,19 +304,25 @@ def forget_launch_catalogue(**_signal_arguments) -> None:
     _catalogue_cache = None
 
 
-def launch_options(user, *, now: datetime | None = None) -> LaunchOptions:
-    """What the launch form offers `user`: each size's price, how long the balance lasts, and any shortfall."""
+def launch_options(
+    user, *, now: datetime | None = None, instances: list[Instance] | None = None
+) -> LaunchOptions:
+    """What the launch form offers `user`: each size's price, how long the balance lasts, and any shortfall.
+
+    `instances`, the user's instances as instances_of() lists them (every live one), saves reading the
+    live ones again."""
     account = CreditAccount.objects.filter(user=user).first()
     balance = account.balance_gpu_seconds if account else 0
-    other_gpus, unbilled, live_count = _burning(user, now or timezone.now())
+    other_gpus, unbilled, live_count = _burning(user, now or timezone.now(), instances=instances)
     committed = other_gpus * launch_window_seconds() + unbilled
     catalogue = launch_catalogue()
     policy, hosts = catalogue.policy, catalogue.hosts
-    tier = entitlements.tier_of(user)
+    applications = entitlements.standing_applications(user)
+    tier = entitlements.tier_of(user, applications=applications)
     options = []
     for size in SIZES.values():
         policy_refusal = entitlements.size_refusal(
-            user, size, policy, tier=tier, open_programs=catalogue.open_programs
+            user, size, policy, tier=tier, open_programs=catalogue.open_programs, applications=applications
         )
         options.append(
             SizeOption(

@@ -20,7 +20,7 @@ def _list_page(request, form, *, status=200):
     instances = selectors.instances_of(request.user)
     context = {
         "form": form,
-        "options": selectors.launch_options(request.user),
+        "options": selectors.launch_options(request.user, instances=instances),
         "instances": instances,
         "credits_notice": selectors.credits_exhausted_notice(request.user, instances=instances),
     }

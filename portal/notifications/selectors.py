@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from django.db.models import Count, Q, Window
+
 from . import kinds
 from .models import OPTIONAL_KINDS, EmailOptOut, Kind, Notification
 
@@ -24,7 +26,8 @@ class Shown:
         return self.notification.is_unread
 
 
-def _shown(notifications) -> list[Shown]:
+def shown(notifications) -> list[Shown]:
+    """Notifications as a page shows them."""
     shown = []
     for notification in notifications:
         rendered = kinds.render(notification)
@@ -36,7 +39,20 @@ def _shown(notifications) -> list[Shown]:
 
 def recent_for(user, limit: int = 5) -> list[Shown]:
     """The user's newest `limit` notifications, newest first, rendered for the dashboard."""
-    return _shown(Notification.objects.filter(user_id=user.pk).select_related("user")[:limit])
+    return shown(recent_and_unread(user, limit=limit)[0])
+
+
+def recent_and_unread(user, limit: int = 5) -> tuple[list[Notification], int]:
+    """The user's newest `limit` notifications and how many of all theirs are unread, in one query: the
+    count is a window over every notification of the user, worked out before the limit applies."""
+    rows = list(
+        Notification.objects.filter(user_id=user.pk).annotate(
+            unread_total=Window(Count("id", filter=Q(read_at__isnull=True)))
+        )[:limit]
+    )
+    for notification in rows:
+        notification.user = user
+    return rows, (rows[0].unread_total if rows else 0)
 
 
 def all_for(user, limit: int = LIST_LIMIT) -> list[Shown]:

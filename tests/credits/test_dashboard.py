@@ -1,7 +1,9 @@
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from pytest_django.asserts import assertContains, assertNotContains
 
 from portal.credits import services
-from portal.credits.models import BonusApplication
+from portal.credits.models import BonusApplication, CreditAccount
 
 from .conftest import give
 
@@ -90,3 +92,26 @@ def test_it_summarises_a_rejection(alice, alice_client, rocm_star, olivia):
     assert BonusApplication.objects.get().status == "rejected"
     summary = response.content.decode().split('data-testid="bonus-summary"', 1)[1]
     assert "Rejected" in summary
+
+
+def test_the_dashboard_reads_the_database_six_times_however_long_the_history(alice, alice_client, olivia):
+    # Session, user, the latest entries with the balance, bonus applications, the latest instance, and the
+    # notifications with their unread count: what 50 people polling it cost the database.
+    def dashboard_queries():
+        with CaptureQueriesContext(connection) as captured:
+            response = alice_client.get("/")
+        assert response.status_code == 200
+        return captured
+
+    give(alice, 10, reason="Workshop voucher", actor=olivia)
+    few = dashboard_queries()
+    for number in range(30):
+        give(alice, -0.1, reason=f"Use {number}", actor=olivia)
+    many = dashboard_queries()
+
+    assert len(few) == len(many) == 6, [query["sql"][:80] for query in many.captured_queries]
+    # The balance comes with the entries and is the account's own, not an entry's running total.
+    CreditAccount.objects.filter(user=alice).update(balance_gpu_seconds=7 * 3600)
+    assertContains(
+        alice_client.get("/"), '<span class="balance-badge" data-testid="balance">7.00 GPU-hours</span>', html=True
+    )

@@ -12,21 +12,30 @@ from .. import selectors
 register = template.Library()
 
 
-def _unread(request) -> int:
-    """The user's unread count, read once per request: the nav link and the dashboard card both show it."""
-    if not hasattr(request, "_unread_notifications"):
-        request._unread_notifications = selectors.unread_count(request.user)
-    return request._unread_notifications
+# What the dashboard card shows; the nav link's count is read with these rows.
+CARD_LIMIT = 5
+
+
+def _read(request) -> tuple[list, int]:
+    """The user's newest CARD_LIMIT notifications and their unread count, read once per request in one
+    query: the nav link shows the count and the dashboard card both."""
+    if not hasattr(request, "_notifications_read"):
+        request._notifications_read = selectors.recent_and_unread(request.user, limit=CARD_LIMIT)
+    return request._notifications_read
 
 
 @register.inclusion_tag("notifications/_recent.html", takes_context=True)
-def recent_notifications(context, limit: int = 5):
+def recent_notifications(context, limit: int = CARD_LIMIT):
     request = context["request"]
     if not request.user.is_authenticated:
         return {"notifications": [], "unread": 0, "request": request}
+    if limit <= CARD_LIMIT:
+        rows, unread = _read(request)
+    else:
+        rows, unread = selectors.recent_and_unread(request.user, limit=limit)
     return {
-        "notifications": selectors.recent_for(request.user, limit=limit),
-        "unread": _unread(request),
+        "notifications": selectors.shown(rows[:limit]),
+        "unread": unread,
         "request": request,
         "csrf_token": context.get("csrf_token"),
     }
@@ -37,5 +46,5 @@ def unread_notifications_count(context) -> str:
     user = context["request"].user
     if not user.is_authenticated:
         return ""
-    count = _unread(context["request"])
+    count = _read(context["request"])[1]
     return str(count) if count else ""
