@@ -113,8 +113,10 @@ def _count_repairs(report) -> None:
 
 
 def launch_phases(instance_id) -> dict[str, float]:
-    """Seconds a ready instance spent in each launch phase (queued, start, ready, total); a phase whose
-    moments were not recorded is left out."""
+    """Seconds a ready instance spent in each launch phase (queued, slot, start, ready, total); a phase
+    whose moments were not recorded is left out. `slot` is the wait for a start slot on the engine
+    (provisioning/start_slots.py), 0 for a launch that started at once; `start` begins when it ends."""
+    from portal.instances.lifecycle import TURN_CAME
     from portal.instances.models import Instance, InstanceEvent
     from provisioning.models import GpuAllocation
 
@@ -122,10 +124,10 @@ def launch_phases(instance_id) -> dict[str, float]:
     if instance is None or instance["ready_at"] is None:
         return {}
     allocated = GpuAllocation.objects.filter(instance_id=instance_id).aggregate(at=Min("allocated_at"))["at"]
-    waiting = InstanceEvent.objects.filter(instance_id=instance_id, step=Instance.Step.WAITING).aggregate(
-        at=Min("created_at")
-    )["at"]
-    moments = [("queued", instance["created_at"], allocated), ("start", allocated, waiting)]
+    events = InstanceEvent.objects.filter(instance_id=instance_id)
+    waiting = events.filter(step=Instance.Step.WAITING).aggregate(at=Min("created_at"))["at"]
+    turn = events.filter(message=TURN_CAME).aggregate(at=Min("created_at"))["at"] or allocated
+    moments = [("queued", instance["created_at"], allocated), ("slot", allocated, turn), ("start", turn, waiting)]
     moments += [
         ("ready", waiting, instance["ready_at"]),
         ("total", instance["created_at"], instance["ready_at"]),

@@ -57,8 +57,9 @@ GATEWAY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 
 LAUNCH_DURATION = Histogram(
     "devcloud_launch_duration_seconds",
-    "Seconds a launch that became ready spent in each phase: queued (request to GPUs), start (GPUs to "
-    "container started), ready (container started to JupyterLab answering) and total.",
+    "Seconds a launch that became ready spent in each phase: queued (request to GPUs), slot (waiting for a "
+    "start slot on the engine; 0 when there was one free), start (to container started), ready (container "
+    "started to JupyterLab answering) and total.",
     ["phase"],
     buckets=LAUNCH_BUCKETS,
 )

@@ -134,16 +134,24 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     line = driver.start_line()
     try:
         with ExitStack() as slot:
+            waited = []
+
+            def waiting(ahead: int) -> None:
+                waited.append(ahead)
+                _tell_waiting_to_start(instance, host, ahead)
 
             def turn():
                 slot.enter_context(
                     start_slots.start_slot(
                         line,
                         str(instance.id),
-                        waiting=lambda ahead: _tell_waiting_to_start(instance, host, ahead),
+                        waiting=waiting,
                         wanted=lambda: Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists(),
                     )
                 )
+                if waited:
+                    # The moment the wait for a slot ended: the launch metrics time it as its own phase.
+                    event_record(instance=instance, message=TURN_CAME)
 
             # The slot is held from the container's start until JupyterLab answers or the launch ends.
             outcome = _start_and_wait(instance, driver, gpus, turn)
@@ -161,6 +169,10 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     if not transitions.mark_running(instance, ready_at=timezone.now()):
         return "skipped"
     return "running"
+
+
+# On a launch's timeline when it had to wait for a start slot and got one.
+TURN_CAME = "Its turn came: starting the container."
 
 
 def _tell_waiting_to_start(instance: Instance, host: GpuHost, ahead: int) -> None:

@@ -214,7 +214,7 @@ def launched(user):
 def test_it_times_each_phase_of_a_launch_that_became_ready(alice, cloud):
     before = {
         phase: counted("devcloud_launch_duration_seconds_count", phase=phase)
-        for phase in ("queued", "start", "ready", "total")
+        for phase in ("queued", "slot", "start", "ready", "total")
     }
     total_before = counted("devcloud_launch_duration_seconds_sum", phase="total")
 

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from portal.console.instrumentation import launch_phases
 from portal.credits import services as credits
 from portal.instances import lifecycle, services, tasks
 from portal.instances.models import Instance
@@ -188,6 +189,10 @@ def test_a_launch_waits_its_turn_with_a_note_on_its_timeline_and_then_runs(
     assert Instance.objects.get(pk=instance.pk).state == Instance.State.RUNNING
     # Its own slot went back once JupyterLab answered: the next launch takes it at once.
     assert start_slots.take(engine, "the-next-launch") == 0
+    # The launch metrics time the wait for the slot as a phase of its own, not as part of the start.
+    phases = launch_phases(instance.id)
+    assert phases["slot"] >= 1.0
+    assert phases["start"] < phases["slot"]
 
 
 @pytest.mark.django_db(transaction=True)
