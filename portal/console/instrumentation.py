@@ -127,7 +127,11 @@ def launch_phases(instance_id) -> dict[str, float]:
     events = InstanceEvent.objects.filter(instance_id=instance_id)
     waiting = events.filter(step=Instance.Step.WAITING).aggregate(at=Min("created_at"))["at"]
     turn = events.filter(message=TURN_CAME).aggregate(at=Min("created_at"))["at"] or allocated
-    moments = [("queued", instance["created_at"], allocated), ("slot", allocated, turn), ("start", turn, waiting)]
+    moments = [
+        ("queued", instance["created_at"], allocated),
+        ("slot", allocated, turn),
+        ("start", turn, waiting),
+    ]
     moments += [
         ("ready", waiting, instance["ready_at"]),
         ("total", instance["created_at"], instance["ready_at"]),

@@ -112,6 +112,5 @@ def test_the_dashboard_reads_the_database_six_times_however_long_the_history(ali
     assert len(few) == len(many) == 6, [query["sql"][:80] for query in many.captured_queries]
     # The balance comes with the entries and is the account's own, not an entry's running total.
     CreditAccount.objects.filter(user=alice).update(balance_gpu_seconds=7 * 3600)
-    assertContains(
-        alice_client.get("/"), '<span class="balance-badge" data-testid="balance">7.00 GPU-hours</span>', html=True
-    )
+    badge = '<span class="balance-badge" data-testid="balance">7.00 GPU-hours</span>'
+    assertContains(alice_client.get("/"), badge, html=True)
