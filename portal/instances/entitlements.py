@@ -68,19 +68,14 @@ def tier_of(user, *, applications: list[BonusApplication] | None = None) -> str:
     """TIER_BONUS when one of the user's bonus applications was approved by an operator or on the listed
     holder's identity (BonusApplication.VOUCHED_BASES), else TIER_FREE. `applications`
     (standing_applications()), when the caller already has them, saves reading them."""
-    if applications is not None:
-        vouched = any(
-            application.status == BonusApplication.Status.APPROVED
-            and application.approval_basis in BonusApplication.VOUCHED_BASES
-            for application in applications
-        )
-        return TIER_BONUS if vouched else TIER_FREE
-    approved = BonusApplication.objects.filter(
-        user_id=user.pk,
-        status=BonusApplication.Status.APPROVED,
-        approval_basis__in=BonusApplication.VOUCHED_BASES,
+    if applications is None:
+        applications = standing_applications(user)
+    vouched = any(
+        application.status == BonusApplication.Status.APPROVED
+        and application.approval_basis in BonusApplication.VOUCHED_BASES
+        for application in applications
     )
-    return TIER_BONUS if approved.exists() else TIER_FREE
+    return TIER_BONUS if vouched else TIER_FREE
 
 
 def tier_sizes(policy: LaunchPolicy, tier: str) -> list[str]:

@@ -12,17 +12,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-FILLFACTOR = 70
-
-
-def set_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE instances_instance SET (fillfactor = {FILLFACTOR})")
-
-
-def reset_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("ALTER TABLE instances_instance RESET (fillfactor)")
+from portal.lib.migrations import keep_page_room
 
 
 class Migration(migrations.Migration):
@@ -58,5 +48,5 @@ class Migration(migrations.Migration):
                 to=settings.AUTH_USER_MODEL,
             ),
         ),
-        migrations.RunPython(set_fillfactor, reset_fillfactor),
+        keep_page_room("instances_instance", fillfactor=70),
     ]
