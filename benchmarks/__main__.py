@@ -1,6 +1,9 @@
 """Run every benchmarks/bench_*.py (or only those named: `python -m benchmarks scheduler`) and print results.
 
-Exits non-zero if any bench raised, after running the others.
+Exits non-zero if any bench raised, after running the others. Before each bench the runner waits, up to
+SETTLE_SECONDS, for the CPUs to be mostly idle: a bench's own leftovers (engines in network namespaces
+shutting down, containers being removed, PostgreSQL writing a dropped database out) would otherwise land
+in the next bench's figures. How idle they were when it began is printed with its name.
 """
 
 import importlib
@@ -11,6 +14,32 @@ import traceback
 from pathlib import Path
 
 from benchmarks import setup_django
+
+# The share of CPU time idle over one second that counts as a quiet machine, and the longest wait for it.
+SETTLE_IDLE = 0.85
+SETTLE_SECONDS = 60
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies over all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return idle, sum(fields)
+
+
+def settle() -> tuple[float, float]:
+    """Waits until a second passes with at least SETTLE_IDLE of the CPUs idle, or SETTLE_SECONDS have
+    gone by; returns (the last second's idle share, seconds waited)."""
+    started = time.monotonic()
+    while True:
+        idle_before, total_before = _cpu_times()
+        time.sleep(1)
+        idle_after, total_after = _cpu_times()
+        idle = (idle_after - idle_before) / max(1, total_after - total_before)
+        waited = time.monotonic() - started
+        if idle >= SETTLE_IDLE or waited >= SETTLE_SECONDS:
+            return idle, waited
 
 
 def bench_names() -> list[str]:
@@ -28,7 +57,9 @@ def main(argv: list[str]) -> int:
         return 2
     results, failed = {}, []
     for name in names:
-        print(f"== {name}", flush=True)
+        idle, waited = settle()
+        quiet = "" if idle >= SETTLE_IDLE else f", still busy after {waited:.0f} s"
+        print(f"== {name} (CPUs {idle:.0%} idle at the start{quiet})", flush=True)
         started = time.perf_counter()
         try:
             results[name] = importlib.import_module(f"benchmarks.{name}").main() or {}
