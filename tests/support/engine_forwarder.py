@@ -78,8 +78,12 @@ class EngineForwarder:
     def _pump(client, engine) -> None:
         # One thread per connection, so an SSL socket is never read and written from two threads at once.
         while True:
-            pending = isinstance(client, ssl.SSLSocket) and client.pending()
-            readable = [client] if pending else select.select([client, engine], [], [], 30)[0]
+            try:
+                pending = isinstance(client, ssl.SSLSocket) and client.pending()
+                readable = [client] if pending else select.select([client, engine], [], [], 30)[0]
+            except (OSError, ValueError):
+                # stop() closed the sockets from its own thread (a closed socket's fileno is -1).
+                return
             if not readable:
                 continue
             for source, sink in ((client, engine), (engine, client)):
