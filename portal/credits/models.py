@@ -11,7 +11,13 @@ GPU_SECONDS_PER_HOUR = 3600
 
 
 def hours(gpu_seconds: int) -> str:
-    """GPU-seconds shown as GPU-hours with two decimals, e.g. 90000 -> '25.00'."""
+    """GPU-seconds shown as GPU-hours with two decimals, e.g. 90000 -> '25.00'.
+
+    An amount too small to show in two (under 18 GPU-seconds, such as the few seconds a meter tick or a
+    quick stop charges) gets four, e.g. -10 -> '-0.0028': '-0.00' would read as nothing charged.
+    """
+    if 0 < abs(gpu_seconds) < GPU_SECONDS_PER_HOUR / 200:
+        return f"{gpu_seconds / GPU_SECONDS_PER_HOUR:.4f}"
     return f"{gpu_seconds / GPU_SECONDS_PER_HOUR:.2f}"
 
 

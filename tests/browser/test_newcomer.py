@@ -243,7 +243,7 @@ def newcomer_journey(run: MakeRun, browser, *, email: str = EMAIL, marks: dict |
     page.goto(run.url)
     short_id = instance_id[:8]
     # The meter tick charges a running instance as it goes and the stop charges the rest: a run that
-    # spans a tick has a row of each, every one of them Usage, and a few seconds' row reads -0.00.
+    # spans a tick has a row of each, every one of them Usage.
     usage_rows = page.get_by_test_id("ledger").locator("tr", has_text=f"instance {short_id}")
     expect(usage_rows.first).to_contain_text("Usage")
     for row in usage_rows.all():

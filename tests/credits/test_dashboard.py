@@ -5,7 +5,7 @@ from pytest_django.asserts import assertContains, assertNotContains
 from portal.credits import services
 from portal.credits.models import BonusApplication, CreditAccount
 
-from .conftest import give
+from .conftest import HOUR, give
 
 
 def test_it_shows_the_signup_grant_in_balance_and_history(alice, alice_client):
@@ -55,6 +55,18 @@ def test_it_shows_each_movement_with_sign_balance_after_and_operator(alice, alic
     assert "Olivia Operator" in ledger
     # Newest first.
     assert ledger.index("Double grant corrected") < ledger.index("Workshop voucher")
+
+
+def test_a_charge_of_a_few_seconds_shows_in_the_ledger_as_more_than_nothing(alice, alice_client):
+    give(alice, 25)
+    give(alice, -10 / HOUR, reason="Ten seconds")
+
+    response = alice_client.get("/")
+
+    ledger = response.content.decode().split('data-testid="ledger"', 1)[1]
+    row = ledger[ledger.index("Ten seconds") :].split("</tr>", 1)[0]
+    assert "-0.0028" in row and "-0.00<" not in row
+    assert "25.00" in row  # the balance after it still shows in hundredths
 
 
 def test_it_shows_zero_and_what_confirming_unlocks_to_an_unverified_user(charlie, charlie_client):
