@@ -234,7 +234,7 @@ def main() -> dict:
                 if with_nginx:
                     routes["kit_nginx"] = lambda: _timed_get(to_kit, kit_urls[0])
                     routes["kit_nginx_tls"] = lambda: _timed_get(to_kit, kit_urls[1])
-                warm = {name: time for name, time in routes.items() if name != "gateway_uncached"}
+                warm = {name: timed for name, timed in routes.items() if name != "gateway_uncached"}
                 _alternate(warm, WARMUP)
                 paired = _alternate({name: routes[name] for name in PAIR}, REQUESTS)
                 every = _alternate(routes, REQUESTS)
@@ -247,16 +247,12 @@ def main() -> dict:
     pair = {name: summarize_ms(samples) for name, samples in paired.items()}
     figures = {name: summarize_ms(samples) for name, samples in every.items()}
     base = figures["direct"]["median_ms"]
-
-    def ratio(summary: dict, to: float) -> float:
-        return round(summary["median_ms"] / to, 2) if to else float("nan")
-
     print(f"GET /api/status, {REQUESTS} requests each, one at a time (medians; baseline: direct)")
     print("  the target pair, alternating with each other and nothing else:")
     _print_table(pair)
     print(f"  all {len(figures)} routes in turn:")
     _print_table(figures)
-    gateway = ratio(pair["gateway"], pair["direct"]["median_ms"])
+    gateway = _ratio(pair["gateway"], pair["direct"]["median_ms"])
     first = figures["gateway_uncached"]["median_ms"]
     hop = figures["tcp_relay"]["median_ms"] - base
     own = figures["gateway"]["median_ms"] - figures["tcp_relay"]["median_ms"]
@@ -280,14 +276,14 @@ def main() -> dict:
     }
     for name in figures:
         if name != "direct":
-            results[f"{name}_ratio_in_turn"] = ratio(figures[name], base)
+            results[f"{name}_ratio_in_turn"] = _ratio(figures[name], base)
     if not kit_urls:
         print("  kit's nginx route: skipped (nginx is not installed)")
         return results
-    kit = ratio(figures["kit_nginx"], base)
+    kit = _ratio(figures["kit_nginx"], base)
     print(
         f"  kit's nginx route (in turn), plain HTTP as direct: {kit:.2f}x; over TLS as the kit ships it "
-        f"{ratio(figures['kit_nginx_tls'], base):.2f}x (direct is plain HTTP: JupyterLab speaks no TLS)"
+        f"{_ratio(figures['kit_nginx_tls'], base):.2f}x (direct is plain HTTP: JupyterLab speaks no TLS)"
     )
     for name in ("kit_nginx", "kit_nginx_tls"):
         results[f"{name}_median_ms"] = figures[name]["median_ms"]
@@ -295,13 +291,17 @@ def main() -> dict:
     return results
 
 
+def _ratio(summary: dict, to: float) -> float:
+    """`summary`'s median over `to`, to two decimals."""
+    return round(summary["median_ms"] / to, 2) if to else float("nan")
+
+
 def _print_table(figures: dict) -> None:
     base = figures["direct"]["median_ms"]
     for name, summary in figures.items():
-        ratio = summary["median_ms"] / base if base else float("nan")
         print(
             f"  {name:<17} median {summary['median_ms']:7.2f} ms  p95 {summary['p95_ms']:7.2f} ms  "
-            f"max {summary['max_ms']:7.2f} ms  ratio to direct {ratio:5.2f}x"
+            f"max {summary['max_ms']:7.2f} ms  ratio to direct {_ratio(summary, base):5.2f}x"
         )
 
 
