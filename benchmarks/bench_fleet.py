@@ -169,7 +169,7 @@ def bench_launch(fleet, fleet_host, reference: str) -> dict:
     image = make_image(reference, key="cpu-bench-fleet")
     # Warm-up: one launch of each, so neither side pays for a cold page cache.
     _, warm = _portal_launch(image.key)
-    portal_container = client.containers.get(container_name(warm))
+    portal_container = client.containers.get(container_name(warm.id))
     plain = PlainRun(client, reference, portal_container, fleet_host.private_address)
     _portal_stop(warm)
     portal_times, plain_times = [], []

@@ -29,8 +29,6 @@ this machine) needs no helper: its files are read directly, which is faster and 
 import logging
 import os
 import posixpath
-import shutil
-import tempfile
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,7 +39,8 @@ import requests
 from django.conf import settings
 from docker.types import Mount
 
-from .engine import EngineSettingsError, build_client, has_tls, is_local_engine
+from .drivers.base import DriverError
+from .engine import is_local_engine
 from .inventory import GpuInfo, InventoryError, SnapshotTree, inventory_from, read_inventory
 
 logger = logging.getLogger(__name__)
@@ -241,24 +240,19 @@ def _parse(output: str, host) -> tuple[dict[str, str], dict[str, int], dict[int,
 
 @contextmanager
 def _client(host):
-    tls = dict(
-        tls_ca_cert=host.tls_ca_cert, tls_client_cert=host.tls_client_cert, tls_client_key=host.tls_client_key
-    )
-    pem_dir = tempfile.mkdtemp(prefix="devcloud-hostfs-") if has_tls(**tls) else None
-    client = None
+    """A client for the host's engine (its housekeeping connection), closed afterwards. Raises
+    HostFilesError for unusable settings or an engine that cannot be reached."""
+    from .drivers.docker_engine import DockerEngine
+
+    engine = DockerEngine(host)
     try:
-        try:
-            client = build_client(
-                docker_url=host.docker_url, timeout=API_TIMEOUT_SECONDS, pem_dir=pem_dir, **tls
-            )
-        except EngineSettingsError as error:
-            raise HostFilesError(f"Host {host.name}: {error}") from error
+        client = engine.client(timeout=API_TIMEOUT_SECONDS)
+    except DriverError as error:
+        raise HostFilesError(error.message) from error
+    try:
         yield client
     finally:
-        if client is not None:
-            client.close()
-        if pem_dir is not None:
-            shutil.rmtree(pem_dir, ignore_errors=True)
+        client.close()
 
 
 def _mounts(host, *, dev: bool) -> tuple[list[Mount], str]:

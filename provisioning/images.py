@@ -2,12 +2,12 @@
 
 A launch should never wait on a multi-gigabyte download or a build, so operators put images onto hosts
 ahead of time. The operator's action creates an ImageJob per host (image_jobs_request) and enqueues the
-Celery task provisioning.ensure_image, which runs image_job_run: DockerDriver.ensure_image with a
+Celery task provisioning.ensure_image, which runs image_job_run: DockerEngine.ensure_image with a
 progress callback that keeps the last lines of build or pull output on the job row, where the console
 polls them (image_job_status).
 
-Images are a Docker engine's business, so this module always talks to the host through DockerDriver,
-whatever settings.DEVCLOUD_DRIVER says about running instances.
+Images are a Docker engine's business, so this module always talks to the host through its engine's
+housekeeping (provisioning/drivers/docker_engine.py), whatever driver runs the host's instances.
 """
 
 import re
@@ -27,7 +27,7 @@ from portal.lib.tasks import publish
 
 from . import services
 from .drivers.base import DriverError
-from .drivers.docker import DockerDriver
+from .drivers.docker_engine import DockerEngine
 from .models import GpuHost, HostImage, ImageJob
 
 # Lines of build or pull output kept on a job, and the longest line kept.
@@ -80,7 +80,7 @@ def host_images(host: GpuHost) -> HostImages:
             tls_client_cert=host.tls_client_cert,
             tls_client_key=host.tls_client_key,
         )
-        tags = set(DockerDriver(host).images())
+        tags = set(DockerEngine(host).images())
     except services.HostError as error:
         return HostImages(error=error.message)
     except DriverError as error:
@@ -266,9 +266,9 @@ def image_job_run(*, job_id: int, host_id: int, image_key: str, resume: bool = F
             f"{image_key} on host {host_id}. Start it again from the host's page.",
         )
     progress = _ProgressWriter(job_id)
-    driver = DockerDriver(job.host)
+    engine = DockerEngine(job.host)
     try:
-        outcome = driver.ensure_image(job.reference, job.image.build_context, progress=progress)
+        outcome = engine.ensure_image(job.reference, job.image.build_context, progress=progress)
     except DriverError as error:
         return _finish(
             job_id, state=ImageJob.State.FAILED, error=failure_advice(error, job), progress_text=progress.text

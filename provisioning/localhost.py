@@ -30,7 +30,7 @@ from django.utils import timezone
 from portal.instances.models import Image
 
 from . import services
-from .drivers.docker import DockerDriver
+from .drivers.docker_engine import DockerEngine
 from .images import PROGRESS_LINES, host_images_record
 from .inventory import read_inventory
 from .models import GpuHost, ImageJob
@@ -168,7 +168,7 @@ def local_images_survey(*, host: GpuHost, driver: str) -> dict[str, bool]:
     """
     images = list(Image.objects.filter(is_enabled=True))
     if driver == "docker":
-        tags = set(DockerDriver(host).images())
+        tags = set(DockerEngine(host).images())
         present = {image.reference for image in images if image.reference in tags}
     else:
         present = {image.reference for image in images if not image.needs_gpu}
@@ -265,7 +265,7 @@ def image_build_locally(*, job_id: int, say: Callable[[str], None], python: str)
             )
     code = process.wait()
     now = timezone.now()
-    if code == 0 and DockerDriver(job.host).has_image(job.reference):
+    if code == 0 and DockerEngine(job.host).has_image(job.reference):
         host_images_record(host=job.host, references=[job.reference], present={job.reference})
         ImageJob.objects.filter(pk=job_id).update(
             state=ImageJob.State.DONE,

@@ -1,9 +1,9 @@
 """Workspaces that follow their owner from host to host.
 
-A person's /workspace is a volume on one host's engine (provisioning.drivers.docker.volume_name), and
+A person's /workspace is a volume on one host's engine (provisioning.drivers.docker_engine.volume_name), and
 Workspace records which host. Placement prefers that host (provisioning/scheduler.py). When a launch
-lands elsewhere, the docker driver calls workspace_prepare before it creates the container, and the
-volume is moved:
+lands elsewhere, the instance lifecycle calls workspace_prepare as a step of its own before the driver
+starts the container, and the volume is moved:
 
   1. on the source engine, a helper container (never started) mounts the volume read-only, and the
      engine's archive API streams /workspace as tar;
@@ -312,11 +312,18 @@ def helper_image(client, preferred: str) -> str:
     raise LookupError("no DevCloud image to run a helper with")
 
 
-# --- Launch path: the docker driver calls these -----------------------------------------------------
+# --- Launch path: the instance lifecycle calls these --------------------------------------------------
 
 
-def workspace_prepare(*, driver, instance, progress=None) -> str:
-    """Brings the owner's workspace to `driver.host` before the instance's container is made.
+def workspace_name(user_id) -> str:
+    """The name of a person's workspace: their volume on a Docker host, their directory elsewhere."""
+    from .drivers.docker_engine import volume_name
+
+    return volume_name(user_id)
+
+
+def workspace_prepare(*, host, owner_id, image_reference: str, progress=None) -> str:
+    """Brings the person's workspace to `host` (a Docker host) before their instance's container is made.
 
     Returns what happened: "here" (no workspace yet, or already on this host), "moved" (verified; the
     Workspace row now points here and the old volume is removed) or "left" (its host is down, does not
@@ -326,17 +333,17 @@ def workspace_prepare(*, driver, instance, progress=None) -> str:
     Raises DriverError(permanent=True) when the copy did not arrive whole (the source is kept, the
     half-made copy removed), DriverError(permanent=False) when this host's engine fails meanwhile.
     """
-    from .drivers.docker import DockerDriver, volume_labels, volume_name
+    from .drivers.docker_engine import DockerEngine, volume_labels, volume_name
 
     say = progress or (lambda message: None)
-    workspace = Workspace.objects.select_related("host").filter(user_id=instance.user_id).first()
-    host = driver.host
+    workspace = Workspace.objects.select_related("host").filter(user_id=owner_id).first()
     if workspace is None or workspace.host_id == host.pk:
         return "here"
     source = workspace.host
     volume = workspace.volume_name
-    dest_client = driver.client()
-    source_driver = DockerDriver(source)
+    dest_engine = DockerEngine(host)
+    dest_client = dest_engine.client()
+    source_engine = DockerEngine(source)
     left = (
         f"Your workspace is on {source.name}, which {{why}}, so this instance starts with the /workspace "
         f"kept on {host.name} (empty if you never worked there). Your files on {source.name} are kept and "
@@ -347,27 +354,27 @@ def workspace_prepare(*, driver, instance, progress=None) -> str:
         say(left.format(why="is down"))
         return "left"
     try:
-        source_client = source_driver.client()
+        source_client = source_engine.client()
         if _same_engine(source_client, dest_client):
             # Two host rows for one engine: the volume is already here.
             _point(workspace, host=host, n_bytes=workspace.bytes)
             return "here"
         in_use = source_client.containers.list(all=True, filters={"volume": volume})
-        source_image = helper_image(source_client, instance.image.reference)
+        source_image = helper_image(source_client, image_reference)
     except UNREADABLE as error:
-        logger.warning("Workspace of user %s on %s cannot be read: %s", instance.user_id, source.name, error)
+        logger.warning("Workspace of user %s on %s cannot be read: %s", owner_id, source.name, error)
         say(left.format(why="does not answer"))
         return "left"
     if in_use:
         say(left.format(why="another of your instances is using"))
         return "left"
     try:
-        dest_image = helper_image(dest_client, instance.image.reference)
+        dest_image = helper_image(dest_client, image_reference)
     except LookupError:
         # Placed here while a pull of its image is under way, and nothing else to run a helper with.
-        driver._pull(instance.image.reference, lambda line: None)
-        dest_image = instance.image.reference
-    target = volume_name(instance.user_id)
+        dest_engine.pull(image_reference, lambda line: None)
+        dest_image = image_reference
+    target = volume_name(owner_id)
     created = not volume_exists(dest_client, target)
     say(f"Moving your workspace from {source.name} to {host.name}.")
     try:
@@ -378,14 +385,14 @@ def workspace_prepare(*, driver, instance, progress=None) -> str:
             dest_client=dest_client,
             dest_volume=target,
             dest_image=dest_image,
-            dest_labels=volume_labels(instance.user_id),
+            dest_labels=volume_labels(owner_id),
             progress=lambda moved, total: say(
                 f"Moving your workspace from {source.name}: {size_text(moved)[:-3]} of {size_text(total)}"
             ),
             before_verify=before_verify_hook,
         )
     except SourceUnavailable as error:
-        logger.warning("Workspace of user %s on %s cannot be read: %s", instance.user_id, source.name, error)
+        logger.warning("Workspace of user %s on %s cannot be read: %s", owner_id, source.name, error)
         if created:
             _remove_quietly(dest_client, target)
         say(left.format(why="does not answer"))
@@ -405,7 +412,7 @@ def workspace_prepare(*, driver, instance, progress=None) -> str:
             # A helper failed (a disk filled up, the source went away mid-move): worth another try.
             message = f"Moving the workspace to {host.name} failed: {error}"
             raise DriverError(message, permanent=False) from error
-        raise driver._api_error(error, "moving the workspace") from error
+        raise dest_engine.api_error(error, "moving the workspace") from error
     _point(workspace, host=host, n_bytes=result.bytes, volume=target)
     kept = f" Files this host already had are in /workspace/{result.set_aside}." if result.set_aside else ""
     say(
@@ -489,7 +496,7 @@ def workspace_removals_run(*, user_id=None) -> dict:
     the next run. When the last row of an account goes, the removal is audited as
     "account.workspaces_removed". Returns {"removed": volumes removed, "left": hosts still pending}.
     """
-    from .drivers.docker import DockerDriver, portal_id
+    from .drivers.docker_engine import DockerEngine, portal_id
 
     pending = WorkspaceRemoval.objects.select_related("host", "user").order_by("id")
     if user_id is not None:
@@ -497,10 +504,9 @@ def workspace_removals_run(*, user_id=None) -> dict:
     removed = left = 0
     done_by_user: dict[int, list[str]] = {}
     for removal in pending:
-        driver = DockerDriver(removal.host)
         names = []
         try:
-            client = driver.client()
+            client = DockerEngine(removal.host).client()
             volumes = client.volumes.list(
                 filters={"label": [f"devcloud.user={removal.user_id}", f"devcloud.portal={portal_id()}"]}
             )

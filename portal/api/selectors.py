@@ -7,6 +7,7 @@ from portal.credits.models import LedgerEntry
 from portal.instances import entitlements
 from portal.instances import selectors as instance_selectors
 from portal.instances.models import Instance, LaunchPolicy
+from portal.instances.start_spec import instance_ref
 from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError, hide_token
 
@@ -79,7 +80,7 @@ def instance_log_lines(instance: Instance, *, lines: int) -> tuple[list[str], st
     if instance.state not in (Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.STOPPING):
         return [], "No container: it is removed when the instance ends (the workspace volume is kept)."
     try:
-        text = driver_for(instance.host, instance.driver).logs(instance, tail=lines)
+        text = driver_for(instance.host, instance.driver).logs(instance_ref(instance), tail=lines)
     except DriverError as error:
         return [], f"Could not read the log: {error.message}"
     # The drivers hide the token already; hiding it again costs nothing and survives a careless driver.

@@ -21,6 +21,7 @@ from provisioning.drivers.base import DriverError
 
 from . import services
 from .models import Image, Instance, InstanceEvent
+from .start_spec import instance_ref
 
 # Lines of the container's output shown on the instance's page.
 LOG_TAIL_LINES = 100
@@ -186,7 +187,7 @@ class InstanceAdmin(admin.ModelAdmin):
             return "No container: it is removed when the instance ends (the workspace volume is kept)."
         driver = driver_for(obj.host, obj.driver)
         try:
-            text = driver.logs(obj, tail=LOG_TAIL_LINES)
+            text = driver.logs(instance_ref(obj), tail=LOG_TAIL_LINES)
         except DriverError as error:
             return f"Could not read the log: {error.message}"
         if not text.strip():

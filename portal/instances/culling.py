@@ -53,10 +53,10 @@ from django.core.exceptions import ValidationError
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
+from portal.gateway import lab_path
 from portal.notifications.models import Kind, Notification
 from portal.notifications.services import notify_instance_idle_warning, notify_instance_stopped
 from portal.sshgateway.selectors import last_session_activity, open_session_instance_ids
-from provisioning.drivers.docker import jupyter_base_url
 from provisioning import hostfs
 
 from . import services
@@ -116,7 +116,7 @@ class CullReport:
 
 def lab_api_url(instance, endpoint: str, path: str) -> str:
     """URL of JupyterLab's REST API `path` for the instance, under the base URL the drivers give it."""
-    return f"{endpoint.rstrip('/')}{jupyter_base_url(instance)}api/{path}"
+    return f"{endpoint.rstrip('/')}{lab_path(instance.id)}api/{path}"
 
 
 def _parse_time(text: str) -> datetime:

@@ -33,13 +33,14 @@ from portal.credits import metering
 from portal.credits.models import CreditAccount
 from portal.lib.tasks import publish
 from portal.notifications.services import notify_instance_stopped, notify_launch_failed
-from provisioning import health, scheduler, start_slots
+from provisioning import health, scheduler, start_slots, workspaces
 from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError
 from provisioning.models import GpuAllocation, GpuHost
 
 from . import tasks, transitions
 from .models import Instance
+from .start_spec import instance_ref, start_spec_for
 from .stop_reasons import StopReason
 from .transitions import event_record
 
@@ -130,7 +131,7 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     if not _step(instance, Step.STARTING, f"Starting the {instance.image.name} container on {host.name}."):
         return "skipped"
     driver = driver_for(host, instance.driver)
-    gpus = [allocation.gpu for allocation in allocations]
+    spec = start_spec_for(instance, host=host, gpus=[allocation.gpu for allocation in allocations])
     line = driver.start_line()
     try:
         with ExitStack() as slot:
@@ -141,6 +142,8 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
                 _tell_waiting_to_start(instance, host, ahead)
 
             def turn():
+                if line is None:
+                    return
                 slot.enter_context(
                     start_slots.start_slot(
                         line,
@@ -154,7 +157,7 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
                     event_record(instance=instance, message=TURN_CAME)
 
             # The slot is held from the container's start until JupyterLab answers or the launch ends.
-            outcome = _start_and_wait(instance, driver, gpus, turn)
+            outcome = _start_and_wait(instance, driver, spec, turn)
     except start_slots.Cancelled:
         # Stopped while it waited its turn: nothing ran; what was made for it goes.
         _stop_quietly(driver, instance)
@@ -184,14 +187,22 @@ def _tell_waiting_to_start(instance: Instance, host: GpuHost, ahead: int) -> Non
     )
 
 
-def _start_and_wait(instance: Instance, driver, gpus, turn) -> "ReadyOutcome | str":
-    """Starts the container once `turn()` returns and waits for JupyterLab. Returns the readiness outcome,
-    or what instance_provision returns when the launch ended before that ("failed", "skipped")."""
+def _start_and_wait(instance: Instance, driver, spec, turn) -> "ReadyOutcome | str":
+    """Brings the owner's workspace to the host where it lives on one host at a time, starts the container
+    once `turn()` returns and waits for JupyterLab. Returns the readiness outcome, or what
+    instance_provision returns when the launch ended before that ("failed", "skipped")."""
+
+    def progress(line):
+        event_record(instance=instance, message=line)
+
     try:
-        # Slow steps inside the start (a workspace moving from another host) show on the timeline as they go.
-        result = driver.start(
-            instance, gpus, progress=lambda line: event_record(instance=instance, message=line), turn=turn
-        )
+        if driver.workspace_moves:
+            # Its own step, before the start: the move's lines show on the timeline as it goes.
+            workspaces.workspace_prepare(
+                host=driver.host, owner_id=instance.user_id, image_reference=spec.image_reference,
+                progress=progress,
+            )
+        result = driver.start(spec, progress=progress, turn=turn)
     except DriverError as error:
         if not error.permanent:
             raise
@@ -201,6 +212,8 @@ def _start_and_wait(instance: Instance, driver, gpus, turn) -> "ReadyOutcome | s
             "Try another image, or tell the operators if it keeps happening.",
             driver=driver,
         )
+    if driver.workspace_moves and result.state.get("volume"):
+        workspaces.workspace_created(user_id=instance.user_id, host=driver.host, volume=result.state["volume"])
     state = {**result.state, "endpoint": result.endpoint}
     if not transitions.keep_driver_state(instance.id, state):
         # Stopped while the container started: the teardown may already have run, so remove it here.
@@ -277,7 +290,7 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
                     next_check = time.monotonic() + every
                     if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists():
                         return ReadyOutcome(aborted=True)
-                    seen = driver.poll(instance)
+                    seen = driver.poll(instance_ref(instance))
                     if not seen.running:
                         code = f" with exit code {seen.exit_code}" if seen.exit_code is not None else ""
                         return ReadyOutcome(
@@ -312,7 +325,7 @@ def _watch_for_serving_line(instance: Instance, driver, deadline: float):
 
     def follow():
         try:
-            driver.wait_for_output(instance, JUPYTER_SERVING_LINE, deadline, done)
+            driver.wait_for_output(instance_ref(instance), JUPYTER_SERVING_LINE, deadline, done)
         except DriverError as error:
             logger.info("instance %s: could not follow its output (%s); polling instead", instance.id, error)
         finally:
@@ -325,7 +338,7 @@ def _watch_for_serving_line(instance: Instance, driver, deadline: float):
 def _stop_quietly(driver, instance) -> bool:
     """driver.stop that logs instead of raising: the reconciler removes what is left. Returns whether it worked."""
     try:
-        driver.stop(instance)
+        driver.stop(instance_ref(instance))
         return True
     except DriverError as error:
         logger.warning("Could not remove the container of %s: %s", instance.id, error.message)
@@ -389,9 +402,9 @@ def instance_teardown(*, instance_id, force: bool = False) -> str:
     if instance.host_id:
         driver = driver_for(instance.host, instance.driver)
         try:
-            driver.stop(instance)
+            driver.stop(instance_ref(instance))
             if instance.stop_reason == StopReason.ACCOUNT_DELETED:
-                driver.remove_workspace(instance)
+                driver.remove_workspace(instance.user_id)
         except DriverError as error:
             if not force:
                 raise
@@ -637,8 +650,7 @@ def _reconcile_host(host: GpuHost, now: datetime, report: ReconcileReport) -> No
                 "Reconcile: container on %s labelled with a bad instance id %r", host.name, instance_id
             )
             continue
-        stub = Instance.objects.filter(id=instance_id).first() or Instance(id=instance_id)
-        stub.host = host
+        stub = Instance.objects.filter(id=instance_id).first() or Instance(id=uuid.UUID(instance_id), user_id=0)
         if _stop_quietly(driver, stub):
             report.orphans_removed += 1
             logger.info("Reconcile: removed orphan container of %s on %s", instance_id, host.name)
@@ -647,7 +659,7 @@ def _reconcile_host(host: GpuHost, now: datetime, report: ReconcileReport) -> No
             continue
         instance = _load(instance_id)
         try:
-            seen = driver.poll(instance)
+            seen = driver.poll(instance_ref(instance))
         except DriverError:
             continue
         if seen.running:

@@ -1,17 +1,14 @@
 """State changes of the SSH gateway: session records, and the owner's keys inside running instances.
 
 Keys inside an instance: its sshd trusts ~/.ssh/authorized_keys, and the portal keeps that file equal to
-the owner's keys on their account. It is written before the container first starts (the docker driver
-calls authorized_keys_text), again at once after every key added or removed (push_user_keys, from a
-Celery task queued on commit), and by beat every SSH_KEYS_SYNC_SECONDS for whatever a push missed. The
+the owner's keys on their account. It is written before the container first starts (the lifecycle puts
+authorized_keys_text in the driver's start spec), again at once after every key added or removed
+(push_user_keys, from a Celery task queued on commit), and by beat every SSH_KEYS_SYNC_SECONDS for whatever a push missed. The
 gateway itself checks the person's current keys on every connection, so a removed key is refused at the
 first hop at once, whatever the instance still holds.
 """
 
-import io
 import logging
-import tarfile
-import time
 from datetime import timedelta
 
 from django.db.models import F
@@ -23,10 +20,6 @@ from portal.instances.models import Instance
 from .models import SshSession
 
 logger = logging.getLogger(__name__)
-
-AUTHORIZED_KEYS_PATH = "/home/developer/.ssh"
-CONTAINER_UID = CONTAINER_GID = 1000
-
 
 # --- Session records ------------------------------------------------------------------------------
 
@@ -72,22 +65,6 @@ def authorized_keys_text(user_id) -> str:
     return "".join(f"{line}\n" for line in lines.values_list("public_key", flat=True))
 
 
-def authorized_keys_archive(text: str) -> bytes:
-    """A tar holding `text` as authorized_keys, owned by the instance user and mode 0600 (sshd's
-    StrictModes refuses a file others could write), for the Docker archive API."""
-    data = text.encode()
-    member = tarfile.TarInfo("authorized_keys")
-    member.size = len(data)
-    member.mode = 0o600
-    member.uid, member.gid = CONTAINER_UID, CONTAINER_GID
-    member.uname = member.gname = "developer"
-    member.mtime = int(time.time())
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        archive.addfile(member, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def _ssh_instances(**filters):
     return Instance.objects.filter(
         state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING], driver="docker", **filters
@@ -98,13 +75,14 @@ def push_keys_to(instance, text: str) -> bool:
     """Write `text` as the instance's authorized_keys through its host's engine. Returns whether it did;
     an instance whose container is gone, or an engine that does not answer, is logged and skipped (the
     next sync tries again)."""
+    from portal.instances.start_spec import instance_ref
     from provisioning.drivers import driver_for
     from provisioning.drivers.base import DriverError
 
     if instance.host is None:
         return False
     try:
-        return driver_for(instance.host, instance.driver).authorized_keys_set(instance, text)
+        return driver_for(instance.host, instance.driver).authorized_keys_set(instance_ref(instance), text)
     except DriverError as error:
         logger.warning("Could not update the SSH keys of instance %s: %s", instance.id, error.message)
         return False

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .base import Driver, DriverError, PollResult, StartResult
+from .base import Driver, DriverError, InstanceRef, PollResult, StartResult, StartSpec
 
 STATUS_PATH = re.compile(r"^/instances/(?P<instance_id>[0-9a-f-]{36})/lab/api/status/?$")
 
@@ -159,10 +159,10 @@ class FakeDriver(Driver):
             )
         return behaviour
 
-    def start(self, instance, gpus, progress=None, turn=None) -> StartResult:
+    def start(self, spec: StartSpec, progress=None, turn=None) -> StartResult:
         if turn is not None:
             turn()
-        behaviour = self._check_engine("start", instance.id)
+        behaviour = self._check_engine("start", spec.instance_id)
         with cloud.lock:
             if behaviour.transient_start_failures > 0:
                 behaviour.transient_start_failures -= 1
@@ -173,32 +173,32 @@ class FakeDriver(Driver):
             time.sleep(behaviour.start_delay)
         endpoint = cloud.endpoint
         with cloud.lock:
-            container = cloud.containers.get(str(instance.id))
+            container = cloud.containers.get(str(spec.instance_id))
             if container is None:
                 container = FakeContainer(
-                    instance_id=str(instance.id),
+                    instance_id=str(spec.instance_id),
                     host_id=self.host.pk,
-                    token=instance.jupyter_token,
-                    render_minors=sorted(_render_minor(gpu) for gpu in gpus),
+                    token=spec.jupyter_token,
+                    render_minors=sorted(gpu.render_minor for gpu in spec.gpus),
                     started_at=time.monotonic(),
                 )
                 if behaviour.crash_on_start:
                     container.status, container.exit_code = "exited", 1
-                cloud.containers[str(instance.id)] = container
-        return StartResult(endpoint=endpoint, state={"container": f"fake-{instance.id}"})
+                cloud.containers[str(spec.instance_id)] = container
+        return StartResult(endpoint=endpoint, state={"container": f"fake-{spec.instance_id}"})
 
-    def stop(self, instance) -> None:
-        self._check_engine("stop", instance.id)
-        cloud.remove_container(instance.id)
+    def stop(self, ref: InstanceRef) -> None:
+        self._check_engine("stop", ref.id)
+        cloud.remove_container(ref.id)
 
-    def remove_workspace(self, instance) -> None:
+    def remove_workspace(self, owner_id) -> None:
         # The fake keeps no files; the call itself (in cloud.calls) is what tests look for.
-        self._check_engine("remove_workspace", instance.user_id)
+        self._check_engine("remove_workspace", owner_id)
 
-    def poll(self, instance) -> PollResult:
-        self._check_engine("poll", instance.id)
+    def poll(self, ref: InstanceRef) -> PollResult:
+        self._check_engine("poll", ref.id)
         with cloud.lock:
-            container = cloud.containers.get(str(instance.id))
+            container = cloud.containers.get(str(ref.id))
             if container is None or container.host_id != self.host.pk:
                 return PollResult("missing")
             return PollResult(container.status, exit_code=container.exit_code)
@@ -207,11 +207,6 @@ class FakeDriver(Driver):
         self._check_engine("list", self.host.pk)
         with cloud.lock:
             return {c.instance_id for c in cloud.containers.values() if c.host_id == self.host.pk}
-
-
-def _render_minor(gpu) -> int:
-    # Allocations or Gpu rows both work: tests hand over whichever they have.
-    return getattr(getattr(gpu, "gpu", gpu), "render_minor", 0)
 
 
 def make_host(name: str = "gpu-01", *, gpus: int = 8, state: str = "active"):

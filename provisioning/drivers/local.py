@@ -23,7 +23,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from .base import Driver, DriverError, PollResult, StartResult, hide_token, jupyter_base_url
+from .base import Driver, DriverError, InstanceRef, PollResult, StartResult, StartSpec, hide_token
 
 ENTRYPOINT = Path(settings.BASE_DIR) / "containers" / "entrypoint" / "start-jupyter.sh"
 # Seconds JupyterLab gets to shut its kernels down on SIGTERM before everything left is killed.
@@ -41,19 +41,19 @@ class LocalDriver(Driver):
     name = "local"
     isolates_gpus = False
 
-    def run_dir(self, instance) -> Path:
-        return local_root() / "local-instances" / str(instance.id)
+    def run_dir(self, instance_id) -> Path:
+        return local_root() / "local-instances" / str(instance_id)
 
-    def workspace(self, instance) -> Path:
-        return local_root() / "workspaces" / str(instance.user_id)
+    def workspace(self, owner_id) -> Path:
+        return local_root() / "workspaces" / str(owner_id)
 
-    def start(self, instance, gpus, progress=None, turn=None) -> StartResult:
+    def start(self, spec: StartSpec, progress=None, turn=None) -> StartResult:
         """Starts JupyterLab for the instance and returns its endpoint and state ({pid, port, ...}).
 
         Idempotent: when the recorded process is still alive it is reused. Raises
         DriverError(permanent=True) when JupyterLab is not installed in the portal's environment.
         """
-        state = self._recorded_state(instance)
+        state = self._recorded_state(spec.instance_id)
         if state and _alive(state):
             return StartResult(endpoint=f"http://127.0.0.1:{state['port']}", state=state)
 
@@ -64,16 +64,16 @@ class LocalDriver(Driver):
                 "run `pip install jupyterlab` in the portal's virtualenv.",
                 permanent=True,
             )
-        run_dir = self.run_dir(instance)
-        workspace = self.workspace(instance)
+        run_dir = self.run_dir(spec.instance_id)
+        workspace = self.workspace(spec.owner_id)
         for directory in (run_dir / "config", run_dir / "runtime", workspace):
             directory.mkdir(parents=True, exist_ok=True)
         port = _free_loopback_port()
         env = {
             **os.environ,
             "PATH": f"{jupyter.parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "JUPYTER_TOKEN": instance.jupyter_token,
-            "JUPYTER_BASE_URL": jupyter_base_url(instance),
+            "JUPYTER_TOKEN": spec.jupyter_token,
+            "JUPYTER_BASE_URL": spec.lab_base_path,
             "JUPYTER_IP": "127.0.0.1",
             "JUPYTER_PORT": str(port),
             "JUPYTER_ROOT_DIR": str(workspace),
@@ -82,7 +82,7 @@ class LocalDriver(Driver):
             "JUPYTER_RUNTIME_DIR": str(run_dir / "runtime"),
             # The worker may run as root (in a container, in CI); JupyterLab refuses to unless told.
             "JUPYTER_ALLOW_ROOT": "True" if os.geteuid() == 0 else "False",
-            "DEVCLOUD_INSTANCE_ID": str(instance.id),
+            "DEVCLOUD_INSTANCE_ID": str(spec.instance_id),
         }
         if turn is not None:
             turn()
@@ -109,9 +109,9 @@ class LocalDriver(Driver):
         _write_json(run_dir / "state.json", state)
         return StartResult(endpoint=f"http://127.0.0.1:{port}", state=state)
 
-    def stop(self, instance) -> None:
+    def stop(self, ref: InstanceRef) -> None:
         """Stops JupyterLab and its kernels; returns once they are gone. Keeps the workspace. Idempotent."""
-        state = self._recorded_state(instance)
+        state = self._recorded_state(ref.id)
         if state and _alive(state):
             pid = state["pid"]
             # Kernels run in process groups of their own; note them before JupyterLab is told to go.
@@ -128,11 +128,11 @@ class LocalDriver(Driver):
                 if time.monotonic() > deadline:
                     raise DriverError(f"JupyterLab (pid {pid}) did not exit after SIGKILL.", permanent=False)
                 time.sleep(0.02)
-        (self.run_dir(instance) / "state.json").unlink(missing_ok=True)
+        (self.run_dir(ref.id) / "state.json").unlink(missing_ok=True)
 
-    def poll(self, instance) -> PollResult:
+    def poll(self, ref: InstanceRef) -> PollResult:
         """running while the recorded process lives, exited once it died on its own, missing otherwise."""
-        state = self._recorded_state(instance)
+        state = self._recorded_state(ref.id)
         if not state:
             return PollResult(status="missing")
         if _alive(state):
@@ -148,20 +148,20 @@ class LocalDriver(Driver):
             return set()
         return {path.parent.name for path in root.glob("*/state.json")}
 
-    def logs(self, instance, tail: int = 100) -> str:
+    def logs(self, ref: InstanceRef, tail: int = 100) -> str:
         """The last `tail` lines of JupyterLab's output (run_dir/jupyter.log), token blanked out."""
-        path = self.run_dir(instance) / "jupyter.log"
+        path = self.run_dir(ref.id) / "jupyter.log"
         try:
             lines = path.read_text(errors="replace").splitlines()[-tail:]
         except FileNotFoundError:
             return ""
-        return hide_token("\n".join(lines), instance.jupyter_token)
+        return hide_token("\n".join(lines), ref.jupyter_token)
 
-    def _recorded_state(self, instance) -> dict | None:
-        """The instance's state file, or None. Deliberately not instance.driver_state: after a stop that
+    def _recorded_state(self, instance_id) -> dict | None:
+        """The instance's state file, or None. Deliberately not the InstanceRef's state: after a stop that
         still names the old pid, and poll must then say "missing"."""
         try:
-            return json.loads((self.run_dir(instance) / "state.json").read_text())
+            return json.loads((self.run_dir(instance_id) / "state.json").read_text())
         except (FileNotFoundError, ValueError):
             return None
 

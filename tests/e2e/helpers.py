@@ -103,7 +103,7 @@ def wait_for_state(instance_id, *states, timeout: float = 90) -> Instance:
 
 def containers_of(instance_id) -> list:
     """The instance's containers on the engine, running or not (by exact name)."""
-    name = container_name(Instance(id=instance_id))
+    name = container_name(instance_id)
     return [c for c in docker_client().containers.list(all=True, filters={"name": name}) if c.name == name]
 
 

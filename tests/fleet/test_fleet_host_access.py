@@ -11,8 +11,10 @@ import pytest
 
 from portal.instances.models import Image, Instance
 from provisioning import hostfs, services
-from provisioning.drivers.docker import DockerDriver, container_name
+from provisioning.drivers import driver_for
+from provisioning.drivers.docker import container_name
 from tests.support.docker_instances import wait_for_jupyter
+from tests.support.drivers import instance_ref, start_on
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600, func_only=True)]
 
@@ -73,20 +75,20 @@ def launched(alice, registered, image_on_hosts):
             state=Instance.State.PROVISIONING,
             jupyter_token=secrets.token_hex(24),
         )
-        driver = DockerDriver(host)
+        driver = driver_for(host, "docker")
         started.append((driver, instance))
-        return instance, driver.start(instance, gpus)
+        return instance, start_on(driver, instance, gpus)
 
     yield launch
     for driver, instance in started:
-        driver.stop(instance)
-        driver.remove_workspace(instance)
+        driver.stop(instance_ref(instance))
+        driver.remove_workspace(instance.user_id)
 
 
 def exec_on(fleet_host, instance, *command):
     client = fleet_host.client()
     try:
-        result = client.containers.get(container_name(instance)).exec_run(list(command))
+        result = client.containers.get(container_name(instance.id)).exec_run(list(command))
         return result.exit_code, result.output.decode(errors="replace")
     finally:
         client.close()
@@ -131,7 +133,7 @@ def test_it_publishes_jupyterlab_only_on_each_hosts_private_address(launched, re
 
         client = fleet_host.client()
         try:
-            attrs = client.containers.get(container_name(instance)).attrs
+            attrs = client.containers.get(container_name(instance.id)).attrs
         finally:
             client.close()
         bindings = [b for ports in attrs["NetworkSettings"]["Ports"].values() if ports for b in ports]

@@ -162,7 +162,7 @@ def test_a_killed_hosts_instance_is_charged_up_to_its_last_heartbeat_and_its_lau
     assert doomed.state == GpuHost.State.ACTIVE
     # The reconcile that came with it removed the container the stopped instance left there.
     client = fleet_host(fleet, doomed).client()
-    assert client.containers.list(all=True, filters={"name": container_name(running)}) == []
+    assert client.containers.list(all=True, filters={"name": container_name(running.id)}) == []
     assert paid(alice) == charged_before_restart
     running.refresh_from_db()
     assert running.state == Instance.State.STOPPED

@@ -14,7 +14,8 @@ from portal.credits.models import LedgerEntry
 from portal.instances import lifecycle, services
 from portal.instances.models import Instance
 from provisioning import workspaces
-from provisioning.drivers.docker import container_name, volume_name
+from provisioning.drivers.docker import container_name
+from provisioning.drivers.docker_engine import volume_name
 from provisioning.models import Gpu, GpuHost, Workspace, WorkspaceRemoval
 from tests.support.docker_instances import make_image
 
@@ -107,7 +108,7 @@ def timeline(instance) -> str:
 
 
 def sh(fleet, instance, command: str) -> str:
-    container = fleet_host(fleet, instance.host).client().containers.get(container_name(instance))
+    container = fleet_host(fleet, instance.host).client().containers.get(container_name(instance.id))
     code, output = container.exec_run(["sh", "-c", command], user="1000:1000")
     assert code == 0, output
     return output.decode()

@@ -9,9 +9,9 @@ from django.test import Client
 from django.urls import reverse
 
 from portal.credits import services as credits
-from portal.instances import services
-from portal.instances import lifecycle
-from provisioning.drivers.docker import DockerDriver, container_name
+from portal.instances import lifecycle, services
+from provisioning.drivers import driver_for
+from provisioning.drivers.docker import container_name
 from tests.provisioning.conftest import MI300X_RENDER_MINORS, make_kfd_dev_root
 from tests.support.docker_instances import (
     docker_client,
@@ -19,6 +19,7 @@ from tests.support.docker_instances import (
     make_host,
     make_image,
 )
+from tests.support.drivers import instance_ref
 from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
@@ -45,7 +46,7 @@ def running(db, alice, tmp_path, settings, docker_portal, cpu_image):
 def test_the_instance_page_shows_the_container_log_tail_without_the_token(olivia, running):
     # Something only this container printed, and the token, as a notebook could print it any time.
     marker = f"console-log-marker-{uuid.uuid4().hex}"
-    docker_client().containers.get(container_name(running)).exec_run(
+    docker_client().containers.get(container_name(running.id)).exec_run(
         ["sh", "-c", f'echo {marker} > /proc/1/fd/1; echo "my token is $JUPYTER_TOKEN" > /proc/1/fd/1']
     )
     client = Client()
@@ -61,10 +62,10 @@ def test_the_instance_page_shows_the_container_log_tail_without_the_token(olivia
 
 
 def test_the_driver_returns_at_most_the_lines_asked_for(running):
-    container = docker_client().containers.get(container_name(running))
+    container = docker_client().containers.get(container_name(running.id))
     for number in range(5):
         container.exec_run(["sh", "-c", f"echo tail-line-{number} > /proc/1/fd/1"])
 
-    tail = DockerDriver(running.host).logs(running, tail=3)
+    tail = driver_for(running.host, "docker").logs(instance_ref(running), tail=3)
 
     assert tail.splitlines() == ["tail-line-2", "tail-line-3", "tail-line-4"]

@@ -7,7 +7,7 @@ from django.core.management import call_command
 
 from portal.instances.catalog import image_reference, registry_qualified
 from portal.instances.models import Image
-from provisioning.drivers.docker import on_a_registry
+from provisioning.drivers.docker_engine import on_a_registry
 
 
 def sync() -> str:

@@ -6,8 +6,9 @@ import uuid
 import pytest
 
 from portal.instances.catalog import CONTAINERS_DIR, load_catalog
+from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError
-from provisioning.drivers.docker import DockerDriver
+from provisioning.drivers.docker_engine import DockerEngine
 from tests.support.docker_instances import docker_client
 from tests.support.images import cpu_image_fixture  # noqa: F401
 
@@ -49,13 +50,13 @@ repository = "devcloud/test-drv-rebuild"
 
 
 def test_it_lists_the_images_on_the_host(host, cpu_image):
-    assert cpu_image in DockerDriver(host).images()
+    assert cpu_image in DockerEngine(host).images()
 
 
 def test_it_reports_an_image_already_on_the_host_without_building(host, cpu_image):
     lines = []
 
-    outcome = DockerDriver(host).ensure_image(cpu_image, "cpu", progress=lines.append)
+    outcome = DockerEngine(host).ensure_image(cpu_image, "cpu", progress=lines.append)
 
     assert outcome == "present"
     assert lines == [f"{cpu_image} is already on {host.name}"]
@@ -65,12 +66,12 @@ def test_it_builds_a_missing_image_from_its_catalogue_context(host, tmp_path, cp
     catalog_path = catalogue_copy(tmp_path)
     reference = load_catalog(catalog_path).reference("rebuild")
     lines = []
-    driver = DockerDriver(host)
+    driver = driver_for(host, "docker")
     try:
         outcome = driver.ensure_image(reference, "cpu", progress=lines.append, catalog_path=catalog_path)
         present = reference in driver.images()
     finally:
-        if reference in DockerDriver(host).images():
+        if reference in DockerEngine(host).images():
             docker_client().images.remove(reference)
 
     assert outcome == "built"
@@ -84,11 +85,11 @@ def test_it_refuses_to_build_a_tag_the_catalogue_no_longer_produces(host, tmp_pa
     stale = "devcloud/test-drv-rebuild:000000000000"
 
     with pytest.raises(DriverError) as failure:
-        DockerDriver(host).ensure_image(stale, "cpu", catalog_path=catalog_path)
+        DockerEngine(host).ensure_image(stale, "cpu", catalog_path=catalog_path)
 
     assert failure.value.permanent is True
     assert "sync_images" in failure.value.message
-    assert stale not in DockerDriver(host).images()
+    assert stale not in DockerEngine(host).images()
 
 
 def test_it_says_how_to_make_a_missing_local_base(host, tmp_path, cpu_image):
@@ -96,7 +97,7 @@ def test_it_says_how_to_make_a_missing_local_base(host, tmp_path, cpu_image):
     reference = load_catalog(catalog_path).reference("rebuild")
 
     with pytest.raises(DriverError) as failure:
-        DockerDriver(host).ensure_image(reference, "cpu", catalog_path=catalog_path)
+        DockerEngine(host).ensure_image(reference, "cpu", catalog_path=catalog_path)
 
     assert failure.value.permanent is True
     assert "scripts/build-images.sh" in failure.value.message
@@ -105,6 +106,6 @@ def test_it_says_how_to_make_a_missing_local_base(host, tmp_path, cpu_image):
 def test_it_fails_for_now_when_the_registry_cannot_be_reached(host):
     # A registry on a closed loopback port: the engine tries it and is refused, no traffic leaves.
     with pytest.raises(DriverError) as failure:
-        DockerDriver(host).ensure_image("127.0.0.1:1/devcloud/absent:1", "")
+        DockerEngine(host).ensure_image("127.0.0.1:1/devcloud/absent:1", "")
 
     assert failure.value.permanent is False

@@ -8,7 +8,9 @@ import socket
 
 import pytest
 
-from provisioning.drivers.docker import DockerDriver, container_name, network_name, volume_name
+from provisioning.drivers import driver_for
+from provisioning.drivers.docker import container_name, network_name
+from provisioning.drivers.docker_engine import volume_name
 from tests.support.docker_instances import (
     docker_client,
     docker_portal_fixture,  # noqa: F401
@@ -19,6 +21,7 @@ from tests.support.docker_instances import (
     tcp_probe,
     wait_for_jupyter,
 )
+from tests.support.drivers import start_on
 from tests.support.images import cpu_image_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
@@ -40,23 +43,23 @@ def gpus_by_minor(host, *minors):
 
 def test_it_gives_a_1x_container_only_the_render_node_of_its_gpu(docker_portal, alice, host, image):
     instance = make_instance(alice, image, host)
-    DockerDriver(host).start(instance, gpus_by_minor(host, 136))
+    start_on(driver_for(host, "docker"), instance, gpus_by_minor(host, 136))
 
-    _, listing = exec_in(container_name(instance), "ls", "/dev/dri")
+    _, listing = exec_in(container_name(instance.id), "ls", "/dev/dri")
     assert listing.split() == ["renderD136"]
-    code, _ = exec_in(container_name(instance), "test", "-c", "/dev/kfd")
+    code, _ = exec_in(container_name(instance.id), "test", "-c", "/dev/kfd")
     assert code == 0, "/dev/kfd is missing"
 
 
 def test_it_gives_an_8x_container_all_eight_render_nodes(docker_portal, alice, host, image):
     instance = make_instance(alice, image, host, size="8x")
-    DockerDriver(host).start(instance, list(host.gpus.all()))
+    start_on(driver_for(host, "docker"), instance, list(host.gpus.all()))
 
-    _, listing = exec_in(container_name(instance), "ls", "/dev/dri")
+    _, listing = exec_in(container_name(instance.id), "ls", "/dev/dri")
     assert sorted(listing.split()) == sorted(
         f"renderD{minor}" for minor in (128, 136, 144, 152, 160, 168, 176, 184)
     )
-    code, _ = exec_in(container_name(instance), "test", "-c", "/dev/kfd")
+    code, _ = exec_in(container_name(instance.id), "test", "-c", "/dev/kfd")
     assert code == 0
 
 
@@ -69,12 +72,12 @@ def test_it_lets_the_non_root_developer_open_its_gpu_through_the_render_group(
 ):
     # The stand-in nodes are 0660 root:render, like real ones: only the added group opens them.
     instance = make_instance(alice, image, host)
-    DockerDriver(host).start(instance, gpus_by_minor(host, 144))
+    start_on(driver_for(host, "docker"), instance, gpus_by_minor(host, 144))
 
-    _, uid = exec_in(container_name(instance), "id", "-u")
-    _, groups = exec_in(container_name(instance), "id", "-G")
+    _, uid = exec_in(container_name(instance.id), "id", "-u")
+    _, groups = exec_in(container_name(instance.id), "id", "-G")
     code, output = exec_in(
-        container_name(instance), "python3", "-c", "open('/dev/dri/renderD144', 'rb').read(1)"
+        container_name(instance.id), "python3", "-c", "open('/dev/dri/renderD144', 'rb').read(1)"
     )
     assert uid.strip() == "1000"
     assert str(kfd_dev_root.gid) in groups.split()
@@ -83,9 +86,9 @@ def test_it_lets_the_non_root_developer_open_its_gpu_through_the_render_group(
 
 def test_it_hardens_the_container_as_docker_inspect_shows(docker_portal, alice, host, image, kfd_dev_root):
     instance = make_instance(alice, image, host)
-    DockerDriver(host).start(instance, gpus_by_minor(host, 136))
+    start_on(driver_for(host, "docker"), instance, gpus_by_minor(host, 136))
 
-    attrs = docker_client().containers.get(container_name(instance)).attrs
+    attrs = docker_client().containers.get(container_name(instance.id)).attrs
     host_config = attrs["HostConfig"]
     assert host_config["Privileged"] is False
     assert host_config["CapDrop"] == ["ALL"]
@@ -96,8 +99,8 @@ def test_it_hardens_the_container_as_docker_inspect_shows(docker_portal, alice, 
     assert host_config["NanoCpus"] == 250_000_000
     assert host_config["PidsLimit"] == 4096
     assert host_config["IpcMode"] == "private"
-    assert host_config["NetworkMode"] == network_name(instance)
-    assert list(attrs["NetworkSettings"]["Networks"]) == [network_name(instance)]
+    assert host_config["NetworkMode"] == network_name(instance.id)
+    assert list(attrs["NetworkSettings"]["Networks"]) == [network_name(instance.id)]
     assert host_config["GroupAdd"] == [str(kfd_dev_root.gid)]
     assert attrs["Config"]["User"] == "1000:1000"
     devices = {
@@ -129,16 +132,16 @@ def test_it_hardens_the_container_as_docker_inspect_shows(docker_portal, alice, 
 
 def test_it_keeps_the_container_away_from_the_hosts_postgres_and_redis(docker_portal, alice, host, image):
     instance = make_instance(alice, image, host)
-    DockerDriver(host).start(instance, gpus_by_minor(host, 128))
-    network = docker_client().networks.get(network_name(instance))
+    start_on(driver_for(host, "docker"), instance, gpus_by_minor(host, 128))
+    network = docker_client().networks.get(network_name(instance.id))
     gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
 
     # Control: a service listening on every host address is reachable at the gateway, so the probe
     # below does reach the host and "closed" means the database and Redis are really out of reach.
     with socket.create_server(("0.0.0.0", 0)) as listener:
-        control = tcp_probe(container_name(instance), gateway, listener.getsockname()[1])
-    postgres = tcp_probe(container_name(instance), gateway, 5432)
-    redis = tcp_probe(container_name(instance), gateway, 6379)
+        control = tcp_probe(container_name(instance.id), gateway, listener.getsockname()[1])
+    postgres = tcp_probe(container_name(instance.id), gateway, 5432)
+    redis = tcp_probe(container_name(instance.id), gateway, 6379)
 
     assert control == "open"
     assert postgres.startswith("closed"), postgres
@@ -146,18 +149,18 @@ def test_it_keeps_the_container_away_from_the_hosts_postgres_and_redis(docker_po
 
 
 def test_it_keeps_instances_from_reaching_each_other(docker_portal, alice, bob, host, image):
-    driver = DockerDriver(host)
+    driver = driver_for(host, "docker")
     alices = make_instance(alice, image, host)
     bobs = make_instance(bob, image, host)
-    driver.start(alices, gpus_by_minor(host, 128))
-    bobs_endpoint = driver.start(bobs, gpus_by_minor(host, 136)).endpoint
+    start_on(driver, alices, gpus_by_minor(host, 128))
+    bobs_endpoint = start_on(driver, bobs, gpus_by_minor(host, 136)).endpoint
     wait_for_jupyter(bobs_endpoint, bobs)
     bobs_address = (
         docker_client()
-        .containers.get(container_name(bobs))
-        .attrs["NetworkSettings"]["Networks"][network_name(bobs)]["IPAddress"]
+        .containers.get(container_name(bobs.id))
+        .attrs["NetworkSettings"]["Networks"][network_name(bobs.id)]["IPAddress"]
     )
 
     # Control: Bob's JupyterLab does answer on that address, from inside his own network.
-    assert tcp_probe(container_name(bobs), bobs_address, 8888) == "open"
-    assert tcp_probe(container_name(alices), bobs_address, 8888).startswith("closed")
+    assert tcp_probe(container_name(bobs.id), bobs_address, 8888) == "open"
+    assert tcp_probe(container_name(alices.id), bobs_address, 8888).startswith("closed")

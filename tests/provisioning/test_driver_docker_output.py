@@ -7,7 +7,7 @@ import time
 import pytest
 
 from portal.instances.lifecycle import JUPYTER_SERVING_LINE
-from provisioning.drivers.docker import DockerDriver
+from provisioning.drivers import driver_for
 from tests.support.docker_instances import (
     docker_portal_fixture,  # noqa: F401
     make_host,
@@ -15,6 +15,7 @@ from tests.support.docker_instances import (
     make_instance,
     status_url,
 )
+from tests.support.drivers import instance_ref, start_on
 from tests.support.images import cpu_image_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
@@ -28,8 +29,8 @@ def host(db, kfd_dev_root):
 @pytest.fixture
 def started(docker_portal, alice, host, cpu_image):
     instance = make_instance(alice, make_image(cpu_image), host)
-    driver = DockerDriver(host)
-    endpoint = driver.start(instance, list(host.gpus.filter(render_minor=128))).endpoint
+    driver = driver_for(host, "docker")
+    endpoint = start_on(driver, instance, list(host.gpus.filter(render_minor=128))).endpoint
     return driver, instance, endpoint
 
 
@@ -38,7 +39,7 @@ def test_it_sees_jupyterlab_say_it_serves_and_the_lab_then_answers(started):
 
     driver, instance, endpoint = started
 
-    seen = driver.wait_for_output(instance, JUPYTER_SERVING_LINE, time.monotonic() + 120, threading.Event())
+    seen = driver.wait_for_output(instance_ref(instance), JUPYTER_SERVING_LINE, time.monotonic() + 120, threading.Event())
 
     assert seen is True
     # The readiness wait then asks 20 times a second; the lab answers within a moment of the line
@@ -63,10 +64,10 @@ def test_it_gives_up_at_the_deadline_and_when_cancelled(started):
     driver, instance, _ = started
     cancelled = threading.Event()
 
-    at_deadline = driver.wait_for_output(instance, "a line nothing prints", time.monotonic() + 1.5, cancelled)
+    at_deadline = driver.wait_for_output(instance_ref(instance), "a line nothing prints", time.monotonic() + 1.5, cancelled)
     threading.Timer(1.0, cancelled.set).start()
     began = time.monotonic()
-    on_cancel = driver.wait_for_output(instance, "a line nothing prints", time.monotonic() + 120, cancelled)
+    on_cancel = driver.wait_for_output(instance_ref(instance), "a line nothing prints", time.monotonic() + 120, cancelled)
 
     assert at_deadline is False
     assert on_cancel is False
@@ -75,6 +76,6 @@ def test_it_gives_up_at_the_deadline_and_when_cancelled(started):
 
 def test_it_answers_no_for_an_instance_whose_container_is_gone(started):
     driver, instance, _ = started
-    driver.stop(instance)
+    driver.stop(instance_ref(instance))
 
-    assert driver.wait_for_output(instance, JUPYTER_SERVING_LINE, time.monotonic() + 60, threading.Event()) is False
+    assert driver.wait_for_output(instance_ref(instance), JUPYTER_SERVING_LINE, time.monotonic() + 60, threading.Event()) is False

@@ -13,6 +13,7 @@ import pytest
 from provisioning.drivers.local import LocalDriver
 from provisioning.models import GpuHost
 from tests.support.docker_instances import make_image, make_instance, status_url, wait_for_jupyter
+from tests.support.drivers import instance_ref, start_on
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -63,7 +64,7 @@ def port_open(port):
 
 
 def test_it_serves_jupyterlab_to_the_token_only(driver, instance, alice, settings):
-    result = driver.start(instance, gpus=[])
+    result = start_on(driver, instance, gpus=[])
 
     status = wait_for_jupyter(result.endpoint, instance, timeout=60)
     anonymous = httpx.get(status_url(result.endpoint, instance))
@@ -76,15 +77,15 @@ def test_it_serves_jupyterlab_to_the_token_only(driver, instance, alice, setting
 
 
 def test_it_reuses_the_running_process_when_started_twice(driver, instance):
-    first = driver.start(instance, gpus=[])
-    second = driver.start(instance, gpus=[])
+    first = start_on(driver, instance, gpus=[])
+    second = start_on(driver, instance, gpus=[])
 
     assert second.state["pid"] == first.state["pid"]
     assert second.endpoint == first.endpoint
 
 
 def test_it_stops_jupyterlab_and_its_kernels(driver, instance):
-    result = driver.start(instance, gpus=[])
+    result = start_on(driver, instance, gpus=[])
     wait_for_jupyter(result.endpoint, instance, timeout=60)
     kernel = httpx.post(
         f"{result.endpoint}/instances/{instance.id}/lab/api/kernels",
@@ -100,25 +101,25 @@ def test_it_stops_jupyterlab_and_its_kernels(driver, instance):
     kernels = children_of(pid)
     assert kernels, "the kernel process did not appear"
 
-    driver.stop(instance)
-    driver.stop(instance)
+    driver.stop(instance_ref(instance))
+    driver.stop(instance_ref(instance))
 
     assert not pid_alive(pid)
     assert not any(pid_alive(kernel_pid) for kernel_pid in kernels)
     assert not port_open(result.state["port"])
-    assert driver.poll(instance).status == "missing"
+    assert driver.poll(instance_ref(instance)).status == "missing"
 
 
 def test_it_polls_missing_running_and_exited(driver, instance):
-    before = driver.poll(instance)
-    result = driver.start(instance, gpus=[])
-    running = driver.poll(instance)
+    before = driver.poll(instance_ref(instance))
+    result = start_on(driver, instance, gpus=[])
+    running = driver.poll(instance_ref(instance))
     os.killpg(result.state["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 10
     while pid_alive(result.state["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
 
-    exited = driver.poll(instance)
+    exited = driver.poll(instance_ref(instance))
     managed = driver.managed_instance_ids()
 
     assert (before.status, running.status, exited.status) == ("missing", "running", "exited")

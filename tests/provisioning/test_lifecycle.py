@@ -12,13 +12,13 @@ from django.utils import timezone
 from portal.accounts.models import User
 from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
 from provisioning import scheduler
 from provisioning.drivers import driver_for, fake
 from provisioning.drivers.base import DriverError
 from provisioning.models import GpuAllocation
+from tests.support.drivers import start_on
 
 HOUR = 3600
 
@@ -220,7 +220,7 @@ def test_it_resumes_a_provisioning_a_killed_worker_left_halfway(launch, host, cl
     )
     allocations = scheduler.allocate(instance_id=instance.id)
     instance.refresh_from_db()
-    driver_for(host, "fake").start(instance, [a.gpu for a in allocations])
+    start_on(driver_for(host, "fake"), instance, [a.gpu for a in allocations])
 
     assert lifecycle.instance_provision(instance_id=instance.id, resume=True) == "running"
     assert len(cloud.containers) == 1

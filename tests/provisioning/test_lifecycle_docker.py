@@ -11,9 +11,8 @@ from django.utils import timezone
 
 from portal.credits import services as credits
 from portal.credits.models import LedgerEntry
-from portal.instances import services
+from portal.instances import lifecycle, services, tasks
 from portal.instances.models import Instance
-from portal.instances import lifecycle, tasks
 from provisioning import start_slots
 from provisioning.drivers import driver_for
 from provisioning.drivers.docker import container_name
@@ -50,7 +49,7 @@ def launch(alice, host, cpu_image):
 
 
 def containers_of(instance) -> list:
-    name = container_name(instance)
+    name = container_name(instance.id)
     return [c for c in docker_client().containers.list(all=True, filters={"name": name}) if c.name == name]
 
 

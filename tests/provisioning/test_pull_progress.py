@@ -1,6 +1,6 @@
 """A pull's progress, as the image job shows it, from the engine's per-layer messages."""
 
-from provisioning.drivers.docker import PullProgress
+from provisioning.drivers.docker_engine import PullProgress
 
 
 def feed(progress, *chunks):

@@ -15,7 +15,8 @@ import stat
 import pytest
 
 from provisioning import hostfs, services
-from provisioning.drivers.docker import DockerDriver, container_name
+from provisioning.drivers import driver_for
+from provisioning.drivers.docker import container_name
 from provisioning.inventory import InventoryError, read_inventory
 from tests.support.docker_instances import (
     docker_client,
@@ -25,6 +26,7 @@ from tests.support.docker_instances import (
     make_instance,
     wait_for_jupyter,
 )
+from tests.support.drivers import start_on
 from tests.support.images import cpu_image_fixture  # noqa: F401
 
 from .conftest import KFD_FIXTURES, MI300X_RENDER_MINORS, make_kfd_dev_root
@@ -83,7 +85,7 @@ def helper_containers(portal_id):
 def launch(user, host, cpu_image, minor):
     instance = make_instance(user, make_image(cpu_image), host)
     gpu = host.gpus.get(render_minor=minor)
-    result = DockerDriver(host).start(instance, [gpu])
+    result = start_on(driver_for(host, "docker"), instance, [gpu])
     return instance, gpu, result
 
 
@@ -133,7 +135,7 @@ def test_it_lets_uid_1000_open_its_kfd_and_render_node_on_a_remote_host_and_noth
     alice, remote_host, cpu_image
 ):
     instance, _, _ = launch(alice, remote_host, cpu_image, 144)
-    name = container_name(instance)
+    name = container_name(instance.id)
 
     code, output = exec_in(name, "python3", "-c", OPEN_DEVICES, "/dev/kfd", "/dev/dri/renderD144")
     assert code == 0 and "opened" in output, output
@@ -152,7 +154,7 @@ def test_it_lets_uid_1000_open_its_kfd_and_render_node_on_a_remote_host_and_noth
 def test_it_publishes_jupyterlab_only_on_the_hosts_private_address(alice, remote_host, cpu_image):
     instance, _, result = launch(alice, remote_host, cpu_image, 136)
 
-    attrs = docker_client().containers.get(container_name(instance)).attrs
+    attrs = docker_client().containers.get(container_name(instance.id)).attrs
     requested = [b["HostIp"] for bindings in attrs["HostConfig"]["PortBindings"].values() for b in bindings]
     published = [b["HostIp"] for bindings in attrs["NetworkSettings"]["Ports"].values() if bindings for b in bindings]
     assert requested and set(requested) == {"127.0.0.1"}

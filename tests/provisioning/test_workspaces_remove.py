@@ -5,7 +5,7 @@ import pytest
 
 from portal.accounts.services import account_delete
 from portal.console.models import AuditEntry
-from provisioning.drivers.docker import volume_labels, volume_name
+from provisioning.drivers.docker_engine import volume_labels, volume_name
 from provisioning.models import GpuHost, Workspace, WorkspaceRemoval
 from provisioning.workspaces import workspace_removals_run, workspaces_remove_all
 from tests.support.docker_instances import LOCAL_ENGINE, docker_client, docker_portal_fixture  # noqa: F401

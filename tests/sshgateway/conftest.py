@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from portal.accounts import services as accounts
 from portal.instances.models import Instance
-from provisioning.drivers.docker import DockerDriver
+from provisioning.drivers import driver_for
 from tests.provisioning.conftest import make_kfd_dev_root
 from tests.support.docker_instances import (
     docker_portal_fixture,  # noqa: F401  (registers docker_portal)
@@ -29,6 +29,7 @@ from tests.support.docker_instances import (
     make_image,
     make_instance,
 )
+from tests.support.drivers import start_on
 from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
 from tests.support.worker import REPO, current_database_url
 
@@ -237,7 +238,7 @@ def launch(docker_portal, host, image):
 
     def make(user, *, minor=128, **fields) -> Instance:
         instance = make_instance(user, image, host, **fields)
-        result = DockerDriver(host).start(instance, list(host.gpus.filter(render_minor=minor)))
+        result = start_on(driver_for(host, "docker"), instance, list(host.gpus.filter(render_minor=minor)))
         now = timezone.now()
         Instance.objects.filter(pk=instance.pk).update(
             state=Instance.State.RUNNING,

@@ -114,7 +114,7 @@ def test_it_accepts_the_container_hostname_and_the_full_id(alice, keygen, ssh_as
 def test_sshd_is_published_on_the_private_address_only(alice, launch):
     instance = launch(alice)
 
-    ports = docker_client().containers.get(container_name(instance)).attrs["NetworkSettings"]["Ports"]
+    ports = docker_client().containers.get(container_name(instance.id)).attrs["NetworkSettings"]["Ports"]
 
     assert [binding["HostIp"] for binding in ports["2222/tcp"]] == ["127.0.0.1"]
     assert instance.driver_state["ssh_port"] == int(ports["2222/tcp"][0]["HostPort"])

@@ -10,7 +10,8 @@ from django.utils import timezone
 from portal.accounts import services as accounts
 from portal.instances.models import Instance
 from portal.sshgateway.models import SshSession
-from provisioning.drivers.docker import DockerDriver
+from provisioning.drivers import driver_for
+from tests.support.drivers import instance_ref
 
 from .conftest import add_key
 
@@ -52,7 +53,7 @@ def test_a_stopped_instance_is_refused(alice, keygen, ssh_as, launch, host):
     key = keygen("alice-laptop")
     add_key(alice, key, "laptop")
     instance = launch(alice)
-    DockerDriver(host).stop(instance)
+    driver_for(host, "docker").stop(instance_ref(instance))
     Instance.objects.filter(pk=instance.pk).update(state=Instance.State.STOPPED, stopped_at=timezone.now())
 
     result = ssh_as(key).run(instance.short_id, "id")
