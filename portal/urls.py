@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from provisioning.slurm.callback import job_report_view
+
 urlpatterns = [
     path("", include("portal.credits.urls")),
     path("accounts/", include("portal.accounts.urls")),
@@ -10,4 +12,6 @@ urlpatterns = [
     path("auth/", include("social_django.urls", namespace="social")),
     path("admin/", admin.site.urls),
     path("api/", include("portal.api.urls")),
+    # Slurm jobs report where they run (provisioning/slurm/callback.py).
+    path("slurm/jobs/<uuid:instance_id>/report", job_report_view, name="slurm-job-report"),
 ]

@@ -276,7 +276,8 @@ class GpuHostAdmin(admin.ModelAdmin):
     change_form_template = "admin/provisioning/gpuhost/change_form.html"
 
     def get_queryset(self, request):
-        return selectors.hosts_with_usage()
+        # Slurm partitions have no engine: their cluster has a page of its own (provisioning/slurm/admin.py).
+        return selectors.hosts_with_usage().exclude(backend=GpuHost.Backend.SLURM)
 
     def get_inlines(self, request, obj):
         # GPUs exist only once discovery has run on a saved host.
@@ -659,3 +660,10 @@ class GpuHostAdmin(admin.ModelAdmin):
             return list(jobs.filter(host_id=int(host_id))[:10]) if host_id.isdigit() else []
         ids = [int(part) for part in request.GET.get("ids", "").split(",") if part.strip().isdigit()]
         return list(jobs.filter(pk__in=ids[:200]).order_by("host__name", "pk"))
+
+
+# The Slurm clusters' screens live beside the code they drive; Django finds admin registrations here.
+from .models import SlurmCluster  # noqa: E402
+from .slurm.admin import SlurmClusterAdmin  # noqa: E402
+
+admin.site.register(SlurmCluster, SlurmClusterAdmin)

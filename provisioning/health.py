@@ -74,7 +74,8 @@ def hosts_heartbeat(*, now: datetime | None = None) -> HeartbeatReport:
     Returns the HeartbeatReport. Safe to run twice at once: the state moves are conditional updates.
     """
     now = now or timezone.now()
-    hosts = list(GpuHost.objects.exclude(state=GpuHost.State.RETIRED))
+    # A Slurm partition has no engine of its own: provisioning/slurm/clusters.py checks its cluster.
+    hosts = list(GpuHost.objects.exclude(state=GpuHost.State.RETIRED).exclude(backend=GpuHost.Backend.SLURM))
     with ThreadPoolExecutor(max_workers=min(PING_THREADS, len(hosts) or 1)) as pool:
         failures = list(pool.map(_ping, hosts))
     report = HeartbeatReport(checked=[host.pk for host in hosts])

@@ -3,8 +3,55 @@ from django.db import models
 from django.db.models import Q
 
 
+class SlurmCluster(models.Model):
+    """A Slurm cluster DevCloud runs instances on through slurmrestd; Slurm places them (docs/slurm.md).
+
+    Each partition DevCloud may use is a GpuHost row with backend "slurm" pointing here.
+    """
+
+    class Health(models.TextChoices):
+        OK = "ok", "Answering"
+        UNREACHABLE = "unreachable", "slurmrestd does not answer"
+        TOKEN_REFUSED = "token_refused", "The token is refused"
+
+    name = models.CharField(max_length=100, unique=True)
+    # slurmrestd's base URL, e.g. "http://slurm-head.example:6820".
+    rest_url = models.CharField(max_length=300)
+    # The Slurm user the jobs run under, and its JWT (`scontrol token username=... lifespan=...`), sealed
+    # (portal/lib/sealed.py): a database dump does not carry it in the clear.
+    rest_user = models.CharField(max_length=100)
+    token_sealed = models.TextField()
+    # The GRES name the nodes give their GPUs ("gpu" in gres.conf).
+    gres_name = models.CharField(max_length=50, default="gpu")
+    # Directories every node sees at the same path (shared storage): image root filesystems, one
+    # directory per image under image_root (its name from the image reference); the people's workspaces;
+    # and each job's bundle, home and log.
+    image_root = models.CharField(max_length=300)
+    workspace_root = models.CharField(max_length=300)
+    job_root = models.CharField(max_length=300)
+    # Where a node's /dev/kfd and /dev/dri live: "/dev" on real nodes; "{node}" stands for the node's name.
+    device_dir = models.CharField(max_length=300, default="/dev")
+    # The portal's address as the nodes reach it, for the job's report of where it runs.
+    callback_url = models.CharField(max_length=300)
+    health = models.CharField(max_length=20, choices=Health.choices, default=Health.OK)
+    last_error = models.TextField(blank=True, default="")
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
 class GpuHost(models.Model):
-    """A machine with GPUs, reached through its Docker Engine API."""
+    """A place instances run: a machine with GPUs reached through its Docker Engine API (DevCloud's
+    scheduler places on its GPUs), or a partition of a Slurm cluster (Slurm places)."""
+
+    class Backend(models.TextChoices):
+        DOCKER = "docker", "Docker host"
+        SLURM = "slurm", "Slurm partition"
 
     class State(models.TextChoices):
         ACTIVE = "active", "Active"
@@ -13,6 +60,12 @@ class GpuHost(models.Model):
         RETIRED = "retired", "Retired"
 
     name = models.CharField(max_length=100, unique=True)
+    backend = models.CharField(max_length=10, choices=Backend.choices, default=Backend.DOCKER)
+    # For a Slurm partition: its cluster and the partition's name there.
+    slurm_cluster = models.ForeignKey(
+        SlurmCluster, null=True, blank=True, on_delete=models.PROTECT, related_name="partitions"
+    )
+    slurm_partition = models.CharField(max_length=100, blank=True, default="")
     # "unix:///var/run/docker.sock" or "tcp://gpu-01.example.com:2376".
     docker_url = models.CharField(max_length=300, default="unix:///var/run/docker.sock")
     # PEM text of the TLS client certificate, its key and the CA, for tcp:// endpoints.
@@ -48,6 +101,10 @@ class GpuHost(models.Model):
 
     def __str__(self):
         return self.name
+
+    @property
+    def is_slurm(self) -> bool:
+        return self.backend == self.Backend.SLURM
 
 
 class Gpu(models.Model):
@@ -199,3 +256,28 @@ class WorkspaceRemoval(models.Model):
 
     def __str__(self):
         return f"workspaces of user {self.user_id} on {self.host.name}"
+
+
+class SlurmJob(models.Model):
+    """DevCloud's own record of an instance's Slurm job. Without slurmdbd a finished job leaves Slurm's view
+    after MinJobAge, so this row keeps what was last seen: where it ran, when, and how it ended."""
+
+    instance_id = models.UUIDField(unique=True)
+    host = models.ForeignKey(GpuHost, on_delete=models.PROTECT, related_name="slurm_jobs")
+    name = models.CharField(max_length=200)
+    job_id = models.PositiveBigIntegerField(null=True, blank=True)
+    # What the job reported from its node (the callback), once it runs.
+    node = models.CharField(max_length=100, blank=True, default="")
+    address = models.GenericIPAddressField(null=True, blank=True)
+    jupyter_port = models.PositiveIntegerField(null=True, blank=True)
+    ssh_port = models.PositiveIntegerField(null=True, blank=True)
+    reported_at = models.DateTimeField(null=True, blank=True)
+    # Slurm's last word: job_state and state_reason, and when it was last seen running.
+    slurm_state = models.CharField(max_length=30, blank=True, default="")
+    slurm_reason = models.CharField(max_length=200, blank=True, default="")
+    last_seen_running_at = models.DateTimeField(null=True, blank=True)
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.name} (job {self.job_id})"

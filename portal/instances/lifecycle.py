@@ -34,8 +34,9 @@ from portal.credits.models import CreditAccount
 from portal.lib.tasks import publish
 from portal.notifications.services import notify_instance_stopped, notify_launch_failed
 from provisioning import health, scheduler, start_slots, workspaces
+from provisioning.slurm import clusters as slurm_clusters
 from provisioning.drivers import driver_for
-from provisioning.drivers.base import DriverError
+from provisioning.drivers.base import DriverError, NotPlacedYet
 from provisioning.models import GpuAllocation, GpuHost
 
 from . import tasks, transitions
@@ -94,8 +95,9 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
 
     Returns what happened: "running", "queued" (no GPUs free: back in the queue, with its position),
     "failed" (a permanent driver error, a crash or the ready timeout: the failure reason says what to do,
-    GPUs are released, the container removed, nothing charged) or "skipped" (someone else has it, or it
-    was stopped).
+    GPUs are released, the container removed, nothing charged), "pending" (placed on a backend that
+    queues it itself, a Slurm partition, which has not given it GPUs yet: ask again with resume) or
+    "skipped" (someone else has it, or it was stopped).
 
     Claims the instance with a conditional update queued -> provisioning. With `resume` (a retry of this
     task, a redelivered message, or the reconciler), an instance already in PROVISIONING is taken up
@@ -110,25 +112,41 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     if not claimed and not (resume and instance.state == State.PROVISIONING):
         return "skipped"
 
-    held = list(
+    # A launch a backend places (a Slurm partition) has its place and no GPU rows: the backend holds them.
+    on_backend = instance.host if instance.host_id and instance.host.is_slurm else None
+    held = [] if on_backend else list(
         GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True).select_related("gpu")
     )
-    if not held and not resume and _waiting_ahead(instance):
+    if not held and not on_backend and not resume and _waiting_ahead(instance):
         # Launches that already waited for GPUs go first; the queue task hands out what frees up.
         return _requeue(instance, "Waiting for free GPUs behind earlier launches")
     if claimed:
         event_record(instance=instance, message="Allocating GPUs.")
-    try:
-        allocations = held or scheduler.allocate(instance_id=instance_id)
-    except scheduler.SchedulerError:
-        return "skipped"  # stopped since the claim: it gets no GPUs
-    if not allocations:
-        return _requeue(instance, "No GPUs are free right now")
-    instance.refresh_from_db(fields=["host", "state"])
-    host = GpuHost.objects.get(pk=instance.host_id)
+    allocations = []
+    if on_backend is None:
+        try:
+            allocations = held or scheduler.allocate(instance_id=instance_id)
+        except scheduler.SchedulerError:
+            return "skipped"  # stopped since the claim: it gets no GPUs
+        if not allocations:
+            # No GPUs of DevCloud's own hosts are free: a partition whose scheduler places, if there is one.
+            on_backend = slurm_clusters.partition_place(instance_id=instance_id)
+            if on_backend is None:
+                return _requeue(instance, "No GPUs are free right now")
+    instance.refresh_from_db(fields=["host", "state", "driver", "step"])
+    host = GpuHost.objects.select_related("slurm_cluster").get(pk=instance.host_id)
     instance.host = host
 
-    if not _step(instance, Step.STARTING, f"Starting the {instance.image.name} container on {host.name}."):
+    starting = (
+        f"Submitting it to the Slurm partition {host.slurm_partition} of {host.slurm_cluster.name}."
+        if host.is_slurm
+        else f"Starting the {instance.image.name} container on {host.name}."
+    )
+    if instance.step == Step.STARTING and host.is_slurm:
+        # Asked again while the backend keeps it pending: already said.
+        if instance.state != State.PROVISIONING:
+            return "skipped"
+    elif not _step(instance, Step.STARTING, starting):
         return "skipped"
     driver = driver_for(host, instance.driver)
     spec = start_spec_for(instance, host=host, gpus=[allocation.gpu for allocation in allocations])
@@ -193,7 +211,7 @@ def _start_and_wait(instance: Instance, driver, spec, turn) -> "ReadyOutcome | s
     instance_provision returns when the launch ended before that ("failed", "skipped")."""
 
     def progress(line):
-        event_record(instance=instance, message=line)
+        transitions.event_record_once(instance=instance, message=line)
 
     try:
         if driver.workspace_moves:
@@ -203,6 +221,12 @@ def _start_and_wait(instance: Instance, driver, spec, turn) -> "ReadyOutcome | s
                 progress=progress,
             )
         result = driver.start(spec, progress=progress, turn=turn)
+    except NotPlacedYet as pending:
+        # The backend queues it (a pending Slurm job): the task asks again; nothing is charged meanwhile.
+        if not transitions.backend_pending(instance, reason=f"Waiting in the cluster's queue: {pending.reason}."):
+            _stop_quietly(driver, instance)
+            return "skipped"
+        return "pending"
     except DriverError as error:
         if not error.permanent:
             raise
@@ -505,6 +529,9 @@ def hosts_heartbeat(now: datetime | None = None) -> HostsHeartbeatReport:
     stopped instances left there. Returns a HostsHeartbeatReport. Safe to run twice at once.
     """
     report = HostsHeartbeatReport(heartbeat=health.hosts_heartbeat(now=now))
+    # Slurm clusters have no engine to ping: their slurmrestd is checked, and the operators told of a
+    # refused token or a cluster that does not answer. Their instances are settled job by job (reconcile).
+    slurm_clusters.clusters_check(now=now)
     for host_id in GpuHost.objects.filter(state=GpuHost.State.DOWN).values_list("pk", flat=True):
         stopped, requeued = host_down_settle(host_id=host_id)
         report.stopped += stopped
@@ -534,7 +561,7 @@ def host_down_settle(*, host_id: int) -> tuple[list, list]:
     live = Instance.objects.filter(host_id=host_id, state__in=transitions.STOPPABLE_STATES).order_by("created_at")
     for instance_id, state in live.values_list("id", "state"):
         if state == State.RUNNING:
-            if _stop_host_down(instance_id, host):
+            if _stop_host_down(instance_id, host, last_seen=host.last_seen_at, where=f"Its host {host.name}"):
                 stopped.append(instance_id)
         elif _requeue_off_host(instance_id, host):
             requeued.append(instance_id)
@@ -543,7 +570,9 @@ def host_down_settle(*, host_id: int) -> tuple[list, list]:
     return stopped, requeued
 
 
-def _stop_host_down(instance_id, host: GpuHost) -> bool:
+def _stop_host_down(instance_id, host: GpuHost, *, last_seen, where: str) -> bool:
+    """Stop a running instance whose machine died (`where` names it for the owner), charged only up to
+    `last_seen`, when it was last confirmed running. Returns whether this call stopped it."""
     owner_id = Instance.objects.values_list("user_id", flat=True).get(id=instance_id)
     CreditAccount.objects.get_or_create(user_id=owner_id)
     with transaction.atomic():
@@ -552,14 +581,14 @@ def _stop_host_down(instance_id, host: GpuHost) -> bool:
         if instance.state != State.RUNNING or instance.host_id != host.pk:
             return False
         # Billing ends when the host was last confirmed alive (never before the instance was ready).
-        seen = host.last_seen_at or instance.metered_until or instance.ready_at
+        seen = last_seen or instance.metered_until or instance.ready_at
         end = max(seen, instance.ready_at) if instance.ready_at else seen
         metering.settle_until(instance=instance, until=end)
         moved = transitions.stop(
             instance,
             reason=StopReason.HOST_DOWN,
-            message=f"Its host {host.name} stopped answering (last seen {end:%Y-%m-%d %H:%M:%S} UTC), so it "
-            "was stopped; nothing is charged after that moment.",
+            message=f"{where} stopped answering (last seen {end:%Y-%m-%d %H:%M:%S} UTC), so it was stopped; "
+            "nothing is charged after that moment.",
             now=end,
         )
         if moved != State.STOPPING:
@@ -662,7 +691,21 @@ def _reconcile_host(host: GpuHost, now: datetime, report: ReconcileReport) -> No
             seen = driver.poll(instance_ref(instance))
         except DriverError:
             continue
-        if seen.running:
+        if seen.running or seen.status == "pending":
+            continue
+        if seen.ended_because == "host_down":
+            # Its node died under it (a Slurm NODE_FAIL): as for a host that went down.
+            node = (instance.driver_state or {}).get("node") or "its node"
+            if _stop_host_down(instance.id, host, last_seen=seen.last_seen_at, where=f"Its node {node} of {host.name}"):
+                report.vanished_failed += 1
+            continue
+        if host.is_slurm:
+            reason = (
+                f"Its Slurm job ended outside DevCloud ({seen.detail}), so this instance ended. Your /workspace "
+                "files are kept; launch a new instance to continue. Time after the last charge was not charged."
+            )
+            if _fail(instance, reason, driver=None, from_states=[State.RUNNING]) == "failed":
+                report.vanished_failed += 1
             continue
         reason = (
             "The container disappeared (it was removed, or its host restarted), so this instance ended. Your "
@@ -687,9 +730,14 @@ def _free_ended_allocations() -> int:
 def _repair_stuck(now: datetime, report: ReconcileReport) -> None:
     stuck_after = timedelta(seconds=settings.STUCK_TRANSITION_SECONDS)
     cutoff = now - stuck_after
-    for instance in Instance.objects.filter(state=State.PROVISIONING, state_changed_at__lt=cutoff):
+    for instance in Instance.objects.filter(state=State.PROVISIONING, state_changed_at__lt=cutoff).select_related(
+        "host"
+    ):
         started = instance.provisioning_at or instance.state_changed_at
-        if now - started < 2 * stuck_after:
+        # A launch in a cluster's own queue waits as long as the cluster keeps it pending; its task asks
+        # again every few seconds, so one that stalled here lost that task: resume it, never fail it.
+        in_backend_queue = instance.host is not None and instance.host.is_slurm and instance.step == Step.STARTING
+        if in_backend_queue or now - started < 2 * stuck_after:
             # Resumed once: every step is idempotent, so this finishes what a killed worker started.
             if transitions.touch_stuck(instance, "Provisioning stalled; resuming it."):
                 enqueue(tasks.provision_instance, instance_id=str(instance.id), resume=True)

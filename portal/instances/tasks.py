@@ -26,6 +26,9 @@ from . import culling, lifecycle, limits
 logger = logging.getLogger(__name__)
 
 MAX_RETRIES = 5
+# How often a launch a cluster keeps pending is asked about again (each ask waits up to
+# provisioning.drivers.slurm.START_WAIT_SECONDS for the job to start, so this is only the gap between).
+BACKEND_PENDING_POLL_SECONDS = 5
 
 
 @shared_task(
@@ -39,7 +42,7 @@ MAX_RETRIES = 5
 )
 def provision_instance(self, instance_id: str, resume: bool = False) -> str:
     try:
-        return lifecycle.instance_provision(instance_id=instance_id, resume=resume or redelivered(self))
+        outcome = lifecycle.instance_provision(instance_id=instance_id, resume=resume or redelivered(self))
     except DriverError as error:
         if error.permanent:
             raise
@@ -55,6 +58,12 @@ def provision_instance(self, instance_id: str, resume: bool = False) -> str:
             countdown=retry_delay(self.request.retries),
             kwargs={"instance_id": instance_id, "resume": True},
         )
+    if outcome == "pending" and not self.app.conf.task_always_eager:
+        # Still in the cluster's queue: ask again shortly. (Run inline, the caller asks again itself.)
+        provision_instance.apply_async(
+            kwargs={"instance_id": instance_id, "resume": True}, countdown=BACKEND_PENDING_POLL_SECONDS
+        )
+    return outcome
 
 
 @shared_task(

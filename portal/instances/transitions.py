@@ -101,6 +101,25 @@ def requeue(instance: Instance) -> bool:
     return True
 
 
+def backend_pending(instance: Instance, *, reason: str) -> bool:
+    """provisioning -> provisioning: the backend holds the launch in its own queue (a pending Slurm job).
+    Restarts the stuck-transition clock, and puts `reason` on the timeline when it differs from the last
+    line there. Returns whether it was still provisioning."""
+    if not _move(instance.id, from_states=[State.PROVISIONING], state=State.PROVISIONING):
+        return False
+    event_record_once(instance=instance, message=reason)
+    return True
+
+
+def event_record_once(*, instance: Instance, message: str):
+    """event_record unless the instance's latest timeline line already says `message`. Returns the new
+    InstanceEvent, or None."""
+    latest = InstanceEvent.objects.filter(instance_id=instance.pk).order_by("-created_at", "-pk").first()
+    if latest is not None and latest.message == message:
+        return None
+    return event_record(instance=instance, message=message)
+
+
 def touch_stuck(instance: Instance, message: str) -> bool:
     """provisioning -> provisioning: restart the stuck-transition clock before a resume, so the next
     reconcile does not resume it again at once. Returns whether it was still provisioning."""

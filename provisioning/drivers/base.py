@@ -12,6 +12,7 @@ backend places (Slurm), the spec gives only the GPU count, and the driver report
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 
 
 class DriverError(Exception):
@@ -70,9 +71,6 @@ class StartSpec:
     workspace: str
     # The longest the instance may run; the backend enforces it too where it can (a Slurm time limit).
     time_limit_seconds: int
-    # Where the Slurm job reports its address and ports (the portal's callback URL and its token).
-    callback_url: str = ""
-    callback_token: str = ""
 
     @property
     def short_id(self) -> str:
@@ -98,8 +96,10 @@ class PollResult:
     status: str
     exit_code: int | None = None
     detail: str = ""
-    # For an exited instance: "" when it ended on its own, "host_down" when its node died under it.
+    # For an exited instance: "" when it ended on its own, "host_down" when its node died under it, and
+    # then when it was last seen running (how far it is charged).
     ended_because: str = ""
+    last_seen_at: datetime | None = None
 
     @property
     def running(self) -> bool:

@@ -6,7 +6,6 @@ import uuid
 import pytest
 
 from portal.instances.catalog import CONTAINERS_DIR, load_catalog
-from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError
 from provisioning.drivers.docker_engine import DockerEngine
 from tests.support.docker_instances import docker_client
@@ -66,10 +65,10 @@ def test_it_builds_a_missing_image_from_its_catalogue_context(host, tmp_path, cp
     catalog_path = catalogue_copy(tmp_path)
     reference = load_catalog(catalog_path).reference("rebuild")
     lines = []
-    driver = driver_for(host, "docker")
+    engine = DockerEngine(host)
     try:
-        outcome = driver.ensure_image(reference, "cpu", progress=lines.append, catalog_path=catalog_path)
-        present = reference in driver.images()
+        outcome = engine.ensure_image(reference, "cpu", progress=lines.append, catalog_path=catalog_path)
+        present = reference in engine.images()
     finally:
         if reference in DockerEngine(host).images():
             docker_client().images.remove(reference)

@@ -251,7 +251,7 @@ def test_it_keeps_tls_material_in_private_files(alice, host, image):
     driver = driver_for(host, "docker")
 
     with pytest.raises(DriverError):
-        driver.poll(instance_ref(make_instance)(alice, image, host))
+        driver.poll(instance_ref(make_instance(alice, image, host)))
 
     # Each engine client writes its own copy, in a directory of its own under the driver's.
     written = [

@@ -1,0 +1,337 @@
+"""Instances as Slurm batch jobs on an existing cluster, through slurmrestd: Slurm places them.
+
+The driver is bound to one partition (a GpuHost with backend "slurm") of a SlurmCluster. An instance is
+one job named devcloud-<portal id>-<instance uuid>, so a retried start finds its job instead of
+submitting a second, and the reconciler recognises the portal's jobs among everyone else's. The job
+(provisioning/slurm/job.py) runs the instance's image with runc through `srun --container` on the node
+Slurm chose, with `--gres=<gres>:<GPUs>`, no requeue and the instance's longest session as its time
+limit, and reports its node and ports back to the portal (provisioning/slurm/callback.py). Slurm's
+devices cgroup isolates the GPUs; the workspace is a directory per person on storage every node shares.
+
+DevCloud's own record of each job is a SlurmJob row: without accounting (slurmdbd) Slurm forgets a
+finished job after MinJobAge.
+"""
+
+import logging
+import os
+import shutil
+import time
+
+from django.conf import settings
+from django.utils import timezone
+
+from ..models import SlurmJob
+from ..slurm import job as slurm_job
+from ..slurm.callback import callback_token
+from ..slurm.rest import SlurmBadToken, SlurmError, SlurmRest, SlurmUnreachable
+from .base import Driver, DriverError, InstanceRef, NotPlacedYet, PollResult, StartResult, StartSpec, hide_token
+
+logger = logging.getLogger(__name__)
+
+# How long one start waits for a submitted job to run and report its ports before it hands the launch
+# back as NotPlacedYet (the lifecycle asks again). Long enough for a free node (a few seconds), short
+# enough that a pending job does not hold a worker.
+START_WAIT_SECONDS = 20.0
+# How long stop waits for Slurm to say the cancelled job ended.
+STOP_WAIT_SECONDS = 30.0
+POLL_SECONDS = 0.25
+LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"})
+# Slurm's reasons for a pending job, in words for the instance's page.
+PENDING_REASONS = {
+    "Resources": "waiting for GPUs to free up on the cluster",
+    "Priority": "waiting behind jobs with a higher priority on the cluster",
+    "ReqNodeNotAvail": "waiting: the nodes it may use are not available",
+    "PartitionDown": "waiting: the partition is down",
+    "PartitionNodeLimit": "waiting: the partition's node limit is reached",
+    "BeginTime": "waiting for its start time",
+    "None": "waiting for the cluster to schedule it",
+}
+
+
+def job_name(instance_id) -> str:
+    return f"{job_prefix()}{instance_id}"
+
+
+def job_prefix() -> str:
+    return f"devcloud-{settings.DEVCLOUD_PORTAL_ID}-"
+
+
+def pending_text(reason: str) -> str:
+    """Slurm's pending reason in words ("Resources" -> "waiting for GPUs to free up on the cluster")."""
+    return PENDING_REASONS.get(reason or "None") or f"waiting: Slurm says {reason}"
+
+
+def rest_for(cluster, *, timeout: float = 10.0) -> SlurmRest:
+    """A slurmrestd client for `cluster` with its unsealed token."""
+    from portal.lib.sealed import unseal
+
+    return SlurmRest(cluster.rest_url, user_name=cluster.rest_user, token=unseal(cluster.token_sealed), timeout=timeout)
+
+
+def driver_error(error: SlurmError, cluster) -> DriverError:
+    """A SlurmError as the lifecycle reads it: what happened, what to do, and whether waiting can help.
+
+    An unreachable slurmrestd and a refused token are both transient for the launch (it waits, and goes
+    ahead once the operator fixed it); the operator is told by the cluster check (provisioning/slurm/clusters.py).
+    """
+    if isinstance(error, SlurmUnreachable):
+        return DriverError(
+            f"The Slurm cluster {cluster.name} does not answer ({error.message}). The launch waits and goes "
+            "ahead when it answers.",
+            permanent=False,
+        )
+    if isinstance(error, SlurmBadToken) or error.status == 401:
+        return DriverError(
+            f"The Slurm cluster {cluster.name} refused DevCloud's token ({error.message}). The operators "
+            "are told; the launch waits until they enter a new token.",
+            permanent=False,
+        )
+    return DriverError(f"The Slurm cluster {cluster.name}: {error.message}", permanent=error.permanent)
+
+
+class SlurmDriver(Driver):
+    """Runs instances as jobs on `host`'s Slurm partition. See base.Driver for the contract of each method."""
+
+    name = "slurm"
+    isolates_gpus = True
+    places_with_scheduler = False
+    workspace_moves = False
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.cluster = host.slurm_cluster
+
+    def _rest(self) -> SlurmRest:
+        return rest_for(self.cluster)
+
+    def _error(self, error: SlurmError) -> DriverError:
+        return driver_error(error, self.cluster)
+
+    def workspace_dir(self, workspace: str) -> str:
+        return os.path.join(self.cluster.workspace_root, workspace)
+
+    # --- The contract -----------------------------------------------------------------------------
+
+    def start(self, spec: StartSpec, progress=None, turn=None) -> StartResult:
+        """Submits the instance's job (or finds the one an earlier call submitted) and waits up to
+        START_WAIT_SECONDS for it to run and report its ports. Returns the endpoint on the node.
+
+        Raises NotPlacedYet while Slurm keeps it pending (its reason in words), DriverError(permanent=True)
+        when the job ended before it served (it failed, or was cancelled outside DevCloud) or Slurm
+        refused it, DriverError(permanent=False) when slurmrestd cannot be reached or refuses the token.
+        """
+        say = progress or (lambda message: None)
+        record, _ = SlurmJob.objects.get_or_create(
+            instance_id=spec.instance_id, defaults={"host": self.host, "name": job_name(spec.instance_id)}
+        )
+        try:
+            with self._rest() as rest:
+                job = rest.job(record.job_id) if record.job_id else rest.find_job(record.name)
+                if job is None:
+                    job_id = rest.submit(script=slurm_job.batch_script(), job=self._job_request(spec))
+                    SlurmJob.objects.filter(pk=record.pk).update(job_id=job_id)
+                    say(f"Submitted to the Slurm cluster {self.cluster.name} as job {job_id}.")
+                    job = rest.job(job_id)
+                elif not record.job_id:
+                    SlurmJob.objects.filter(pk=record.pk).update(job_id=job.job_id)
+                return self._wait_for_report(rest, spec, job, say)
+        except SlurmError as error:
+            raise self._error(error) from error
+
+    def _job_request(self, spec: StartSpec) -> dict:
+        cluster = self.cluster
+        return slurm_job.job_request(
+            name=job_name(spec.instance_id),
+            gpus=spec.gpu_count,
+            time_limit_minutes=max(1, spec.time_limit_seconds // 60),
+            jupyter_token=spec.jupyter_token,
+            jupyter_base_url=spec.lab_base_path,
+            rootfs=image_rootfs(cluster, spec.image_reference),
+            workspace_dir=self.workspace_dir(spec.workspace),
+            run_dir=cluster.job_root,
+            callback_url=f"{cluster.callback_url.rstrip('/')}/slurm/jobs/{spec.instance_id}/report",
+            callback_token=callback_token(spec.instance_id),
+            authorized_keys=spec.authorized_keys,
+            partition=self.host.slurm_partition or None,
+            gres_name=cluster.gres_name,
+            device_dir=cluster.device_dir,
+        )
+
+    def _wait_for_report(self, rest: SlurmRest, spec: StartSpec, job, say) -> StartResult:
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        said = ""
+        while True:
+            if job is None or job.ended:
+                state = job.state if job else "gone"
+                reason = f" ({job.reason})" if job and job.reason and job.reason != "None" else ""
+                raise DriverError(
+                    f"Its Slurm job ended before JupyterLab answered: {state}{reason}. See the job's output "
+                    f"in {self.cluster.job_root} on the cluster.",
+                    permanent=True,
+                )
+            record = SlurmJob.objects.get(instance_id=spec.instance_id)
+            SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state, slurm_reason=job.reason or "")
+            if job.state == "RUNNING" and record.reported_at is not None:
+                address = record.address or self._node_address(rest, record.node)
+                if not record.address:
+                    SlurmJob.objects.filter(pk=record.pk).update(address=address, last_seen_running_at=timezone.now())
+                host_part = f"[{address}]" if ":" in address else address
+                return StartResult(
+                    endpoint=f"http://{host_part}:{record.jupyter_port}",
+                    state={
+                        "job_id": job.job_id,
+                        "job_name": job.name,
+                        "node": record.node,
+                        "host_port": record.jupyter_port,
+                        "ssh_port": record.ssh_port,
+                        "image": spec.image_reference,
+                        "gpus": job.gres_detail,
+                    },
+                )
+            if job.state == "PENDING":
+                waiting = pending_text(job.reason)
+            else:
+                waiting = f"starting on {job.nodes or 'its node'}"
+            if waiting != said:
+                say(f"Slurm job {job.job_id}: {waiting}.")
+                said = waiting
+            if time.monotonic() > deadline:
+                raise NotPlacedYet(waiting)
+            time.sleep(POLL_SECONDS)
+            job = rest.job(job.job_id)
+
+    def _node_address(self, rest: SlurmRest, node_name: str) -> str:
+        for node in rest.nodes():
+            if node.name == node_name:
+                return node.address or node.name
+        raise DriverError(f"Slurm does not know the node {node_name!r} its job reported.", permanent=False)
+
+    def stop(self, ref: InstanceRef) -> None:
+        """Cancels the instance's job and returns once Slurm says it ended; a job that is gone is stopped.
+
+        Raises DriverError(permanent=False) when slurmrestd cannot be reached or the job is still ending.
+        """
+        record = SlurmJob.objects.filter(instance_id=ref.id).first()
+        try:
+            with self._rest() as rest:
+                job_id = (record.job_id if record else None) or ref.state.get("job_id")
+                job = rest.job(job_id) if job_id else rest.find_job(job_name(ref.id))
+                if job is not None and not job.ended:
+                    rest.cancel(job.job_id)
+                    deadline = time.monotonic() + STOP_WAIT_SECONDS
+                    while job is not None and not job.ended:
+                        if time.monotonic() > deadline:
+                            raise DriverError(
+                                f"Slurm job {job.job_id} was cancelled but has not ended yet ({job.state}).",
+                                permanent=False,
+                            )
+                        time.sleep(POLL_SECONDS)
+                        job = rest.job(job.job_id)
+        except SlurmError as error:
+            raise self._error(error) from error
+        if record is not None:
+            SlurmJob.objects.filter(pk=record.pk, ended_at__isnull=True).update(
+                ended_at=timezone.now(), slurm_state=job.state if job is not None else record.slurm_state
+            )
+
+    def poll(self, ref: InstanceRef) -> PollResult:
+        """running, pending, exited (ended_because "host_down" when its node failed under it, with
+        last_seen_at) or missing. Raises DriverError(permanent=False) when slurmrestd cannot be reached."""
+        record = SlurmJob.objects.filter(instance_id=ref.id).first()
+        if record is None or not record.job_id:
+            return PollResult(status="missing")
+        try:
+            with self._rest() as rest:
+                job = rest.job(record.job_id)
+        except SlurmError as error:
+            raise self._error(error) from error
+        now = timezone.now()
+        if job is None:
+            # Forgotten by Slurm (MinJobAge): what DevCloud saw last stands.
+            if record.slurm_state in LIVE_STATES or not record.slurm_state:
+                return PollResult(status="missing", detail="Slurm no longer knows the job.")
+            return self._ended(record, record.slurm_state, record.slurm_reason)
+        if job.state == "RUNNING":
+            SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state, last_seen_running_at=now)
+            return PollResult(status="running")
+        if not job.ended:
+            SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state, slurm_reason=job.reason or "")
+            return PollResult(status="pending", detail=pending_text(job.reason))
+        SlurmJob.objects.filter(pk=record.pk).update(
+            slurm_state=job.state, slurm_reason=job.reason or "", ended_at=record.ended_at or now
+        )
+        result = self._ended(record, job.state, job.reason)
+        result.exit_code = job.exit_code
+        return result
+
+    @staticmethod
+    def _ended(record, state: str, reason: str) -> PollResult:
+        detail = f"Slurm says {state}" + (f" ({reason})" if reason and reason != "None" else "")
+        return PollResult(
+            status="exited",
+            detail=detail,
+            ended_because="host_down" if state == "NODE_FAIL" else "",
+            last_seen_at=record.last_seen_running_at,
+        )
+
+    def managed_instance_ids(self) -> set[str]:
+        """Instance ids of this portal's live jobs in the partition (named devcloud-<portal id>-<uuid>).
+
+        Every job seen running has its SlurmJob's last sighting moved to now: that is how far a node that
+        dies later is charged. Raises DriverError(permanent=False) when slurmrestd cannot be reached.
+        """
+        prefix = job_prefix()
+        try:
+            with self._rest() as rest:
+                jobs = [job for job in rest.jobs() if job.name.startswith(prefix) and not job.ended]
+        except SlurmError as error:
+            raise self._error(error) from error
+        partition = self.host.slurm_partition
+        if partition:
+            jobs = [job for job in jobs if not job.partition or job.partition == partition]
+        running = [job.job_id for job in jobs if job.state == "RUNNING"]
+        if running:
+            SlurmJob.objects.filter(job_id__in=running, host=self.host).update(
+                last_seen_running_at=timezone.now(), slurm_state="RUNNING"
+            )
+        return {job.name[len(prefix) :] for job in jobs}
+
+    def logs(self, ref: InstanceRef, tail: int = 100) -> str:
+        """The last `tail` lines of the job's output file, when the portal sees the cluster's job_root."""
+        record = SlurmJob.objects.filter(instance_id=ref.id).first()
+        if record is None or not record.job_id:
+            return ""
+        try:
+            with open(os.path.join(self.cluster.job_root, f"{record.job_id}.out"), errors="replace") as output:
+                lines = output.read().splitlines()[-tail:]
+        except OSError:
+            return ""
+        return hide_token("\n".join(lines), ref.jupyter_token)
+
+    def authorized_keys_set(self, ref: InstanceRef, text: str) -> bool:
+        """Writes the job's ~/.ssh/authorized_keys on shared storage (owner 1000, mode 0600). False when
+        the job has no home there (not started, or the portal does not see the cluster's job_root)."""
+        record = SlurmJob.objects.filter(instance_id=ref.id).first()
+        if record is None or not record.job_id:
+            return False
+        ssh_dir = os.path.join(self.cluster.job_root, str(record.job_id), "home", ".ssh")
+        if not os.path.isdir(ssh_dir):
+            return False
+        partial = os.path.join(ssh_dir, "authorized_keys.partial")
+        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+            handle.write(text)
+        os.chown(partial, slurm_job.CONTAINER_UID, slurm_job.CONTAINER_UID)
+        os.replace(partial, os.path.join(ssh_dir, "authorized_keys"))
+        return True
+
+    def remove_workspace(self, owner_id) -> None:
+        """Removes the person's workspace directory on the shared storage (when the portal sees it)."""
+        from ..workspaces import workspace_name
+
+        shutil.rmtree(self.workspace_dir(workspace_name(owner_id)), ignore_errors=True)
+
+
+def image_rootfs(cluster, reference: str) -> str:
+    """Where the root filesystem of the image `reference` lives on the cluster's shared storage:
+    <image_root>/<reference with "/" and ":" as "_">."""
+    return os.path.join(cluster.image_root, reference.replace("/", "_").replace(":", "_"))
