@@ -1,0 +1,96 @@
+"""The job's report of where it runs: only the job DevCloud submitted for an instance can say where that
+instance listens. An attacker who can reach the portal, or a tenant's job, cannot redirect an instance's
+gateway traffic to an address of their choosing."""
+
+import json
+import uuid
+
+import pytest
+
+from provisioning.models import GpuHost, SlurmCluster, SlurmJob
+from provisioning.slurm.callback import callback_token
+
+
+@pytest.fixture
+def submitted(db):
+    cluster = SlurmCluster.objects.create(
+        name="hpc", rest_url="http://127.0.0.1:1", rest_user="devcloud", token_sealed="", image_root="/srv/img",
+        workspace_root="/srv/ws", job_root="/srv/jobs", callback_url="http://127.0.0.1:8000",
+    )
+    host = GpuHost.objects.create(name="hpc/gpu", backend="slurm", slurm_cluster=cluster, slurm_partition="gpu")
+    return SlurmJob.objects.create(instance_id=uuid.uuid4(), host=host, name="devcloud-x", job_id=41)
+
+
+def report(client, instance_id, body, token=None):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token is not None else {}
+    return client.post(
+        f"/slurm/jobs/{instance_id}/report", data=json.dumps(body), content_type="application/json", **headers
+    )
+
+
+REPORT = {"node": "n1", "jupyter_port": 40001, "ssh_port": 40002, "job_id": 41}
+
+
+def test_it_records_the_node_and_ports_the_instances_own_job_reports(client, submitted):
+    answer = report(client, submitted.instance_id, REPORT, callback_token(submitted.instance_id))
+
+    submitted.refresh_from_db()
+    assert answer.status_code == 204
+    assert (submitted.node, submitted.jupyter_port, submitted.ssh_port) == ("n1", 40001, 40002)
+    assert submitted.reported_at is not None
+
+
+def test_a_report_without_the_token_says_how_to_send_it(client, submitted):
+    answer = report(client, submitted.instance_id, REPORT)
+
+    assert answer.status_code == 401
+    assert "Authorization: Bearer" in answer.json()["detail"]
+    submitted.refresh_from_db()
+    assert submitted.reported_at is None
+
+
+def test_another_instances_token_cannot_redirect_this_instance(client, submitted):
+    # A tenant's own job knows its own token; it must not move someone else's endpoint.
+    their_token = callback_token(uuid.uuid4())
+
+    answer = report(client, submitted.instance_id, {**REPORT, "node": "attacker"}, their_token)
+
+    assert answer.status_code == 403
+    submitted.refresh_from_db()
+    assert submitted.node == ""
+
+
+def test_a_report_naming_another_job_is_refused(client, submitted):
+    answer = report(client, submitted.instance_id, {**REPORT, "job_id": 99}, callback_token(submitted.instance_id))
+
+    assert answer.status_code == 409
+    submitted.refresh_from_db()
+    assert submitted.node == ""
+
+
+def test_an_ended_job_cannot_report_again(client, submitted):
+    from django.utils import timezone
+
+    SlurmJob.objects.filter(pk=submitted.pk).update(ended_at=timezone.now())
+
+    answer = report(client, submitted.instance_id, REPORT, callback_token(submitted.instance_id))
+
+    assert answer.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**REPORT, "node": "n1; rm -rf /"},
+        {**REPORT, "jupyter_port": 70000},
+        {**REPORT, "jupyter_port": "40001"},
+        {**REPORT, "job_id": "forty-one"},
+        ["not", "an", "object"],
+    ],
+)
+def test_a_malformed_report_is_refused_and_changes_nothing(client, submitted, body):
+    answer = report(client, submitted.instance_id, body, callback_token(submitted.instance_id))
+
+    assert answer.status_code == 400
+    submitted.refresh_from_db()
+    assert submitted.reported_at is None
