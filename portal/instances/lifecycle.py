@@ -573,6 +573,13 @@ def host_down_settle(*, host_id: int) -> tuple[list, list]:
 def _stop_host_down(instance_id, host: GpuHost, *, last_seen, where: str) -> bool:
     """Stop a running instance whose machine died (`where` names it for the owner), charged only up to
     `last_seen`, when it was last confirmed running. Returns whether this call stopped it."""
+    return _stop_ended(instance_id, host, ended_because="host_down", last_seen=last_seen, where=where)
+
+
+def _stop_ended(instance_id, host: GpuHost, *, ended_because: str, last_seen, where: str) -> bool:
+    """Stop a running instance its backend ended: "host_down" (its machine died; `where` names it) or
+    "max_length" (the backend's time limit). Charged only up to `last_seen`; the owner is told. Returns
+    whether this call stopped it."""
     owner_id = Instance.objects.values_list("user_id", flat=True).get(id=instance_id)
     CreditAccount.objects.get_or_create(user_id=owner_id)
     with transaction.atomic():
@@ -584,16 +591,22 @@ def _stop_host_down(instance_id, host: GpuHost, *, last_seen, where: str) -> boo
         seen = last_seen or instance.metered_until or instance.ready_at
         end = max(seen, instance.ready_at) if instance.ready_at else seen
         metering.settle_until(instance=instance, until=end)
-        moved = transitions.stop(
-            instance,
-            reason=StopReason.HOST_DOWN,
-            message=f"{where} stopped answering (last seen {end:%Y-%m-%d %H:%M:%S} UTC), so it was stopped; "
-            "nothing is charged after that moment.",
-            now=end,
-        )
+        if ended_because == "max_length":
+            reason = StopReason.MAX_LENGTH
+            message = (
+                f"The cluster ended it at its time limit, the longest a session may run at its size (last "
+                f"seen running {end:%Y-%m-%d %H:%M:%S} UTC); nothing is charged after that moment."
+            )
+        else:
+            reason = StopReason.HOST_DOWN
+            message = (
+                f"{where} stopped answering (last seen {end:%Y-%m-%d %H:%M:%S} UTC), so it was stopped; "
+                "nothing is charged after that moment."
+            )
+        moved = transitions.stop(instance, reason=reason, message=message, now=end)
         if moved != State.STOPPING:
             return False
-        notify_instance_stopped(instance=instance, reason=StopReason.HOST_DOWN)
+        notify_instance_stopped(instance=instance, reason=reason)
         transaction.on_commit(
             lambda: enqueue(tasks.teardown_instance, instance_id=str(instance_id), force=True)
         )
@@ -693,10 +706,12 @@ def _reconcile_host(host: GpuHost, now: datetime, report: ReconcileReport) -> No
             continue
         if seen.running or seen.status == "pending":
             continue
-        if seen.ended_because == "host_down":
-            # Its node died under it (a Slurm NODE_FAIL): as for a host that went down.
+        if seen.ended_because in ("host_down", "max_length"):
+            # Its node died under it (a Slurm NODE_FAIL), or the backend ended it at its time limit: stopped
+            # for that reason, charged up to when it was last seen running.
             node = (instance.driver_state or {}).get("node") or "its node"
-            if _stop_host_down(instance.id, host, last_seen=seen.last_seen_at, where=f"Its node {node} of {host.name}"):
+            if _stop_ended(instance.id, host, ended_because=seen.ended_because, last_seen=seen.last_seen_at,
+                           where=f"Its node {node} of {host.name}"):
                 report.vanished_failed += 1
             continue
         if host.is_slurm:

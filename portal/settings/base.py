@@ -267,6 +267,9 @@ DEVCLOUD_DRIVER = env("DEVCLOUD_DRIVER", default="docker")
 IMAGE_REGISTRY = env("IMAGE_REGISTRY", default="")
 # Labels every container with this id, so portals sharing a Docker engine never touch each other's.
 DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="devcloud")
+# The Fernet key that seals secrets kept in the database (a Slurm cluster's JWT; portal/lib/sealed.py).
+# Empty: a key derived from SECRET_KEY, so changing SECRET_KEY then makes sealed values unreadable.
+DEVCLOUD_SEALING_KEY = env("DEVCLOUD_SEALING_KEY", default="")
 # Seconds one Docker Engine API call may take before the host counts as unreachable.
 DEVCLOUD_DOCKER_TIMEOUT = env.int("DEVCLOUD_DOCKER_TIMEOUT", default=30)
 # Process limit of a container, per GPU it holds.

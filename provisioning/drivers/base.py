@@ -96,8 +96,9 @@ class PollResult:
     status: str
     exit_code: int | None = None
     detail: str = ""
-    # For an exited instance: "" when it ended on its own, "host_down" when its node died under it, and
-    # then when it was last seen running (how far it is charged).
+    # For an exited instance: "" when it ended on its own, "host_down" when its node died under it,
+    # "max_length" when the backend ended it at its time limit; and when it was last seen running (how far
+    # it is charged then).
     ended_because: str = ""
     last_seen_at: datetime | None = None
 

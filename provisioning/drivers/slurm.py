@@ -36,6 +36,9 @@ START_WAIT_SECONDS = 20.0
 STOP_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.25
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"})
+# How a job's end maps to the instance's stop reason, where Slurm ended it for a reason DevCloud knows:
+# its node failed, or it reached its time limit (the instance's longest session).
+ENDED_BECAUSE = {"NODE_FAIL": "host_down", "TIMEOUT": "max_length"}
 # Slurm's reasons for a pending job, in words for the instance's page.
 PENDING_REASONS = {
     "Resources": "waiting for GPUs to free up on the cluster",
@@ -116,9 +119,9 @@ class SlurmDriver(Driver):
         """Submits the instance's job (or finds the one an earlier call submitted) and waits up to
         START_WAIT_SECONDS for it to run and report its ports. Returns the endpoint on the node.
 
-        Raises NotPlacedYet while Slurm keeps it pending (its reason in words), DriverError(permanent=True)
-        when the job ended before it served (it failed, or was cancelled outside DevCloud) or Slurm
-        refused it, DriverError(permanent=False) when slurmrestd cannot be reached or refuses the token.
+        Raises NotPlacedYet while Slurm keeps it pending (its reason in words) and while slurmrestd cannot
+        be reached or refuses the token (the launch waits), DriverError(permanent=True) when the job ended
+        before it served (it failed, or was cancelled outside DevCloud) or Slurm refused it.
         """
         say = progress or (lambda message: None)
         record, _ = SlurmJob.objects.get_or_create(
@@ -135,7 +138,13 @@ class SlurmDriver(Driver):
                 elif not record.job_id:
                     SlurmJob.objects.filter(pk=record.pk).update(job_id=job.job_id)
                 return self._wait_for_report(rest, spec, job, say)
+        except (SlurmUnreachable, SlurmBadToken) as error:
+            # Nothing is lost while the cluster cannot be asked: the launch waits in place (the cluster
+            # check tells the operators) and goes ahead when slurmrestd answers again.
+            raise NotPlacedYet(self._error(error).message) from error
         except SlurmError as error:
+            if error.status == 401:
+                raise NotPlacedYet(self._error(error).message) from error
             raise self._error(error) from error
 
     def _job_request(self, spec: StartSpec) -> dict:
@@ -270,7 +279,7 @@ class SlurmDriver(Driver):
         return PollResult(
             status="exited",
             detail=detail,
-            ended_because="host_down" if state == "NODE_FAIL" else "",
+            ended_because=ENDED_BECAUSE.get(state, ""),
             last_seen_at=record.last_seen_running_at,
         )
 
