@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.instances import services as instance_services
 from portal.instances.models import Image, Instance
 

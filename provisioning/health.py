@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from portal.console.models import AuditEntry
-from portal.console.services import audit_record
+from portal.audit.models import AuditEntry
+from portal.audit.services import audit_record
 
 from . import services
 from .models import GpuHost

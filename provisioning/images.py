@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.instances.models import Image
 from portal.lib.tasks import publish
 

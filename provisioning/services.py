@@ -19,7 +19,7 @@ import requests
 from django.db import transaction
 from django.utils import timezone
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.instances.models import Instance
 
 from .engine import (

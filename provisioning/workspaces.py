@@ -45,7 +45,7 @@ from django.conf import settings
 from django.db import transaction
 from docker.types import Mount
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.lib.tasks import publish
 
 from .drivers.base import DriverError

@@ -1,9 +1,11 @@
-"""The layering holds: the import contracts in pyproject.toml pass, and only portal/instances/transitions.py
-writes Instance.state (docs/architecture.md, "Layers" and "The instance state machine")."""
+"""The layering holds: the import contracts in pyproject.toml pass, only portal/instances/transitions.py
+writes Instance.state, and the audit log is used from portal.audit (docs/architecture.md, "Layers" and
+"The instance state machine")."""
 
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,3 +82,45 @@ def test_the_scan_finds_the_state_writes_metering_used_to_make(tmp_path, monkeyp
     )
 
     assert instance_state_writes(old) == ["metering.py:1", "metering.py:2"]
+
+
+def test_the_audit_leaf_contract_forbids_every_other_package():
+    # A forbidden contract only forbids what it lists, so a new app would otherwise be importable from
+    # portal.audit without lint-imports noticing.
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [audit_leaf] = [contract for contract in contracts if contract["id"] == "audit-leaf"]
+    project = {"provisioning"} | {
+        f"portal.{path.stem}"
+        for path in (ROOT / "portal").iterdir()
+        if path.name != "__init__.py" and (path.suffix == ".py" or (path / "__init__.py").exists())
+    }
+
+    assert set(audit_leaf["forbidden_modules"]) == project - {"portal.audit"}
+
+
+def console_audit_proxy_imports(path: Path) -> list[str]:
+    """Lines of `path` that import AuditEntry from the console's models (its admin screen's proxy)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.ImportFrom) or "AuditEntry" not in {alias.name for alias in node.names}:
+            continue
+        module = node.module or ""
+        relative_in_console = node.level and module == "models" and "console" in path.parts
+        if module == "portal.console.models" or relative_in_console:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_only_the_console_admin_uses_its_audit_proxy():
+    # The proxy exists so the admin screen keeps its URLs and permission; anything else reading or writing
+    # the log through it would make portal.console a second way in.
+    admin = ROOT / "portal" / "console" / "admin.py"
+    imports = [
+        line
+        for base in [*CODE, ROOT / "tests", ROOT / "benchmarks", ROOT / "scripts"]
+        for path in sorted(base.rglob("*.py"))
+        if "migrations" not in path.parts and path != admin
+        for line in console_audit_proxy_imports(path)
+    ]
+
+    assert imports == [], "Use portal.audit.models.AuditEntry; the proxy is only for the admin screen"

@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
-from portal.console.services import actor_name_of, audit_record
+from portal.audit.services import actor_name_of, audit_record
 from portal.credits.models import CreditAccount
 from portal.credits.services import credits_grant_signup
 from portal.instances.services import instances_stop_all

@@ -1,4 +1,7 @@
-"""The audit log and capacity samples in Django admin: read-only, as both are records of what happened."""
+"""The audit log and capacity samples in Django admin: read-only, as both are records of what happened.
+
+The audit log's screen is registered through the console's proxy of portal.audit's model, so its URLs and
+permission stay the console's (see models.AuditEntry)."""
 
 from django.contrib import admin
 

@@ -1,40 +1,17 @@
-from django.conf import settings
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
+from portal.audit import models as audit_models
 
-class AuditEntry(models.Model):
-    """One operator action: who, when, what (action and target) and why.
 
-    Append-only: the database refuses UPDATE and DELETE (migration 0002). Written through
-    services.audit_record, in the same transaction as the action it records.
-    """
-
-    # Who acted; null for actions the system took on its own (beat tasks, automatic approvals).
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
-    # The operator's name and address as they were when they acted, so the record reads right after
-    # renames and account deletion.
-    actor_name = models.CharField(max_length=300)
-    # Short dotted code, e.g. "credits.adjust" or "host.drain"; see services.AUDIT_ACTIONS.
-    action = models.CharField(max_length=50, db_index=True)
-    # "app_label.model" of the object acted on, its primary key, and how it read at the time.
-    target_type = models.CharField(max_length=100, blank=True, default="")
-    target_id = models.CharField(max_length=64, blank=True, default="")
-    target_repr = models.CharField(max_length=300, blank=True, default="")
-    reason = models.TextField(blank=True, default="")
-    # Anything else worth keeping: amounts, previous and new values, counts.
-    details = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+class AuditEntry(audit_models.AuditEntry):
+    """The audit log's screen in Django admin, and nothing else: code that writes or reads the log uses
+    portal.audit. Django names an admin screen's URLs and permissions after its model's app and name, so
+    this proxy keeps /admin/console/auditentry/ and the console.view_auditentry permission that operators'
+    groups already hold (and that the console's audit page checks)."""
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        proxy = True
         verbose_name_plural = "audit entries"
-        indexes = [models.Index(fields=["target_type", "target_id"], name="console_audit_target")]
-
-    def __str__(self):
-        return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor_name} {self.action} {self.target_repr}".strip()
 
 
 class CapacitySample(models.Model):

@@ -27,11 +27,12 @@ from django.utils import timezone
 from social_django.models import UserSocialAuth
 
 from portal.accounts.models import User
+from portal.audit.models import AuditEntry
 from portal.credits.models import LedgerEntry
 from portal.instances.models import Instance
 from provisioning.models import Gpu, GpuAllocation, GpuHost
 
-from .models import AuditEntry, CapacitySample
+from .models import CapacitySample
 from .timeranges import TimeRange, buckets
 
 # --- audit log ----------------------------------------------------------------------------------------

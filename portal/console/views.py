@@ -13,10 +13,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
+from portal.audit.services import AUDIT_ACTIONS
+
 from . import dashboard as dashboard_content
 from . import selectors
 from .forms import AuditFilters
-from .services import AUDIT_ACTIONS
 from .timeranges import PRESETS, resolve_range
 
 AUDIT_PAGE_SIZE = 50

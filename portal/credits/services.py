@@ -9,7 +9,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from portal.accounts.models import email_fingerprint
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.notifications.services import notify_bonus_decided
 
 from .models import (

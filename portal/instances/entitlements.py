@@ -16,7 +16,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.urls import reverse
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.credits.models import BonusApplication, BonusProgram
 
 from .models import LaunchPolicy

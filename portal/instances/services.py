@@ -16,7 +16,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.credits import metering
 from portal.credits.models import CreditAccount
 from portal.lib.tasks import publish

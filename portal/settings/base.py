@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "axes",
     "social_django",
+    "portal.audit",
     "portal.accounts",
     "portal.credits",
     "portal.instances",

@@ -5,7 +5,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 
 from ..models import SlurmCluster
 from . import clusters

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from portal.instances.models import Instance
 from portal.lib.sealed import seal
 

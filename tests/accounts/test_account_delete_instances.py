@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from portal.accounts.models import User
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services as credits
 from portal.credits.models import LedgerEntry
 from portal.credits.selectors import balance_for

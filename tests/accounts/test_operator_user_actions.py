@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from portal.accounts import services as accounts
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from tests.conftest import make_staff
 
 REASON = "Crypto mining on the GPUs."

@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from portal.accounts import services as accounts
 from portal.accounts.models import User
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services as credits
 from portal.credits.models import BonusProgram, CreditAccount, LedgerEntry
 from portal.instances import entitlements

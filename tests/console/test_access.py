@@ -55,7 +55,7 @@ def test_it_keeps_the_audit_log_from_staff_without_its_view_permission(oscar, ur
 
 
 def test_it_shows_the_log_in_admin_read_only(olivia_client, olivia, alice):
-    from portal.console.services import audit_record
+    from portal.audit.services import audit_record
 
     entry = audit_record(actor=olivia, action="user.suspend", target=alice, reason="Abuse")
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from django.http import StreamingHttpResponse
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 
 from .conftest import clock_at
 

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 from pytest_django.asserts import assertContains, assertNotContains
 
-from portal.console.services import audit_record
+from portal.audit.services import audit_record
 from provisioning.models import GpuHost
 
 from .conftest import clock_at

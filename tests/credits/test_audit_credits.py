@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import transaction
 
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services
 from portal.credits.models import BonusProgram, CertificateImport, CertificateRow, SignupGrantProgram
 

@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 from pytest_django.asserts import assertContains, assertNotContains
 
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services
 from portal.credits.models import BonusApplication, CreditAccount
 

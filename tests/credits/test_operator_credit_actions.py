@@ -9,7 +9,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services
 from portal.credits.models import BonusApplication, CertificateImport
 from tests.conftest import make_staff

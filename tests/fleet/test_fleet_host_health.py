@@ -10,7 +10,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services as credits
 from portal.credits.models import LedgerEntry
 from portal.instances import lifecycle, services, transitions

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from portal.accounts.services import account_delete
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services as credits
 from portal.credits.models import LedgerEntry
 from portal.instances import lifecycle, services

@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 from portal.accounts import services as accounts
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.credits import services as credits
 from portal.credits.models import BonusProgram
 from portal.instances import entitlements, services

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from provisioning import health
 from provisioning.models import GpuHost
 from provisioning.scheduler import allocate

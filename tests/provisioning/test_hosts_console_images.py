@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from portal.instances import catalog as catalog_module
 from portal.instances.catalog import load_catalog
 from portal.instances.models import Image

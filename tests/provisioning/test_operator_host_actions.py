@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from provisioning import services
 from provisioning.drivers import fake
 from provisioning.models import GpuHost, ImageJob

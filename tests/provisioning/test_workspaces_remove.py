@@ -4,7 +4,7 @@ still holds is kept on record and removed when it answers again, and the removal
 import pytest
 
 from portal.accounts.services import account_delete
-from portal.console.models import AuditEntry
+from portal.audit.models import AuditEntry
 from provisioning.drivers.docker_engine import volume_labels, volume_name
 from provisioning.models import GpuHost, Workspace, WorkspaceRemoval
 from provisioning.workspaces import workspace_removals_run, workspaces_remove_all

@@ -4,8 +4,8 @@ import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import ProtectedError
 
-from portal.console.models import AuditEntry
-from portal.console.services import audit_record
+from portal.audit.models import AuditEntry
+from portal.audit.services import audit_record
 
 
 def row(entry_id):

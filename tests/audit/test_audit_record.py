@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from portal.console.models import AuditEntry
-from portal.console.services import audit_record
+from portal.audit.models import AuditEntry
+from portal.audit.services import audit_record
 from provisioning.models import GpuHost
 
 
