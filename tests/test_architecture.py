@@ -98,6 +98,39 @@ def test_the_audit_leaf_contract_forbids_every_other_package():
     assert set(audit_leaf["forbidden_modules"]) == project - {"portal.audit"}
 
 
+def modules_of(package: str) -> set[str]:
+    """The dotted names of the packages and modules directly inside `package` (a directory under ROOT)."""
+    directory = ROOT.joinpath(*package.split("."))
+    return {
+        f"{package}.{path.stem}"
+        for path in directory.iterdir()
+        if path.name != "__init__.py" and (path.suffix == ".py" or (path / "__init__.py").exists())
+    }
+
+
+# What the fleet may import of portal (docs/architecture.md, "Layers").
+FLEET_MAY_IMPORT = {
+    "portal.lib",
+    "portal.audit",
+    "portal.instances",
+    "portal.instances.models",
+    "portal.instances.catalog",
+    "portal.instances.sizes",
+    "portal.instances.stop_reasons",
+    "portal.instances.migrations",
+}
+
+
+def test_the_fleet_allow_list_forbids_everything_else_of_portal():
+    # The allow-list is a forbidden contract of everything else, so a new module of portal (or of the
+    # instances app) must be placed on one side or the other, or provisioning could import it unnoticed.
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [allow_list] = [contract for contract in contracts if contract["id"] == "fleet-allow-list"]
+    portal = (modules_of("portal") - {"portal.instances"}) | modules_of("portal.instances")
+
+    assert set(allow_list["forbidden_modules"]) == portal - FLEET_MAY_IMPORT
+
+
 def console_audit_proxy_imports(path: Path) -> list[str]:
     """Lines of `path` that import AuditEntry from the console's models (its admin screen's proxy)."""
     found = []
