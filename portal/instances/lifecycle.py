@@ -307,9 +307,11 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
                         return ReadyOutcome(ready=True)
                 except httpx.HTTPError:
                     pass
-                if time.monotonic() >= next_check:
+                now = time.monotonic()
+                if now >= next_check or now >= deadline:
                     # While the output is followed, its end (the container exited or was removed by a
-                    # stop) sets `serving`, so the checks can be rarer until then.
+                    # stop) sets `serving`, so the checks can be rarer until then. At the deadline it is
+                    # checked once more: a container that exited is the reason to give, not the time.
                     every = READY_CHECK_EVERY if serving.is_set() else READY_CHECK_UNTIL_SERVING_SECONDS
                     next_check = time.monotonic() + every
                     if not Instance.objects.filter(id=instance.id, state=State.PROVISIONING).exists():
