@@ -1,0 +1,264 @@
+"""The Slurm batch job that runs a DevCloud image as an instance: `srun --container` with runc.
+
+batch_script() is the script, job_request() the `job` dict of a slurmrestd submission; submit both with
+SlurmRest.submit(script=..., job=...). On the node the script
+  1. picks two free TCP ports, for JupyterLab and sshd;
+  2. makes the job's directory <run_dir>/<job id>/ with an OCI bundle (bundle/config.json) and a home
+     (home/, owned by uid 1000, with .ssh/authorized_keys holding the given keys), and creates the
+     workspace directory (owned by uid 1000) when it does not exist;
+  3. POSTs {"node", "jupyter_port", "ssh_port", "job_id"} as JSON to the callback URL with
+     `Authorization: Bearer <callback token>` (a failure is logged in the job's output, not fatal: the
+     portal can still find the job through REST);
+  4. execs `srun --container=<bundle> <tini> -s -- <start script>` with JUPYTER_IP=0.0.0.0 and the ports
+     in JUPYTER_PORT and DEVCLOUD_SSH_PORT; JupyterLab then answers at http://<node address>:<port><base
+     url>. Only the variables the image's entrypoint reads go into the container (srun --export), never
+     the callback token.
+
+The container (config.json): root.path is the shared root filesystem, read-only; uid 1000 with the
+group ids of the node's render devices; the node's network (no network namespace); /workspace, the home,
+/dev/kfd and /dev/dri bound in, tmpfs /tmp and /dev/shm; no capabilities. Its one devices rule allows
+everything: its cgroup nests under the job step's, so Slurm's ConstrainDevices still decides which GPUs
+open. The GPU variables (ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES,
+GPU_DEVICE_ORDINAL) are passed in from the batch environment, since Slurm does not set them inside a
+container.
+
+What the cluster must provide:
+  - GRES `gpu` (or the name given) for the GPUs, with `File=` their render nodes, ConstrainDevices=yes in
+    cgroup.conf, and /dev/kfd readable by the render group on every node;
+  - python3 on the nodes (the script's helper), and runc;
+  - oci.conf next to slurm.conf, with runc in rootless mode even when jobs run as root (a child cgroup
+    may not widen the job's device rules, which runc tries without --rootless), and `%u`, not `%U`
+    (fatal in 22.05):
+        RunTimeQuery="runc --rootless=true --root=<state dir> state %n.%u.%j.%s.%t"
+        RunTimeKill="runc --rootless=true --root=<state dir> kill -a %n.%u.%j.%s.%t"
+        RunTimeDelete="runc --rootless=true --root=<state dir> delete --force %n.%u.%j.%s.%t"
+        RunTimeRun="runc --rootless=true --root=<state dir> run %n.%u.%j.%s.%t -b %b"
+  - the image's root filesystem as a real directory (runc rejects a symlink) on storage every node sees,
+    like run_dir and the workspace;
+  - jobs that may not be requeued: job_request() asks for that (`no_requeue`: 22.05's REST takes
+    `"requeue": false` as a request *to* requeue), so a node that dies ends the instance's job (NODE_FAIL)
+    instead of starting it again elsewhere behind the portal's back.
+
+A job's directory is left behind when it ends (its home holds the container's sshd host key and shell
+history); the run_dir belongs to the operator's cleanup.
+"""
+
+import shlex
+
+# The image's PATH (Slurm replaces the container's environment with the job's, so it must be the job's).
+IMAGE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TINI = "/usr/bin/tini"
+START_SCRIPT = "/usr/local/bin/start-jupyter.sh"
+CONTAINER_UID = 1000
+CONTAINER_HOME = "/home/developer"
+# The node's device directory on a real cluster; a test cluster's nodes each have their own, named with
+# this placeholder for the node's name.
+NODE_PLACEHOLDER = "{node}"
+GPU_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+# What the container's environment holds (besides Slurm's own SLURM_* variables).
+CONTAINER_VARIABLES = (
+    "PATH", "HOME", "LANG", "SHELL", "JUPYTER_TOKEN", "JUPYTER_BASE_URL", "JUPYTER_IP", "JUPYTER_PORT",
+    "DEVCLOUD_SSH_PORT", *GPU_VARIABLES,
+)
+
+# Runs on the node with python3: picks the ports, writes the bundle and the home, calls back. Prints
+# "<jupyter port> <ssh port> <bundle dir>".
+_NODE_HELPER = r'''
+import json, os, socket, stat, sys, urllib.request
+
+env = os.environ
+job_id, node = env["SLURM_JOB_ID"], env["SLURMD_NODENAME"]
+uid = int(env["DEVCLOUD_CONTAINER_UID"])
+devices = env["DEVCLOUD_DEVICE_DIR"].replace("{node}", node)
+job_dir = os.path.join(env["DEVCLOUD_RUN_DIR"], job_id)
+bundle, home = os.path.join(job_dir, "bundle"), os.path.join(job_dir, "home")
+
+
+GPU_VARIABLES = {gpu_variables!r}
+
+
+def free_port():
+    # The port is free now; nothing else on the node takes ports from this range in the meantime.
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        return probe.getsockname()[1]
+
+
+ports = [free_port(), free_port() if env.get("DEVCLOUD_SSH") == "1" else 0]
+while ports[1] == ports[0]:
+    ports[1] = free_port()
+
+for path in (bundle, os.path.join(home, ".ssh")):
+    os.makedirs(path, exist_ok=True)
+workspace = env["DEVCLOUD_WORKSPACE"]
+if not os.path.isdir(workspace):
+    os.makedirs(workspace)
+    os.chown(workspace, uid, uid)
+keys = os.path.join(home, ".ssh", "authorized_keys")
+with open(keys, "w") as handle:
+    handle.write(env.get("DEVCLOUD_AUTHORIZED_KEYS", ""))
+os.chmod(keys, 0o600)
+os.chmod(os.path.join(home, ".ssh"), 0o700)
+os.chmod(home, 0o750)
+for path in (home, os.path.join(home, ".ssh"), keys):
+    os.chown(path, uid, uid)
+
+# The render group of this node's devices, whatever its gid here.
+device_paths = [os.path.join(devices, "kfd")]
+dri = os.path.join(devices, "dri")
+if os.path.isdir(dri):
+    device_paths += [os.path.join(dri, name) for name in sorted(os.listdir(dri))]
+gids = sorted({os.stat(path).st_gid for path in device_paths if os.path.exists(path)} - {0})
+
+
+def bind(source, destination, *options):
+    return {"destination": destination, "type": "bind", "source": source,
+            "options": ["rbind", "nosuid", *options]}
+
+
+config = {
+    "ociVersion": "1.0.2",
+    "process": {
+        "terminal": False,
+        "user": {"uid": uid, "gid": uid, "additionalGids": gids},
+        # Slurm puts the srun command and the job step's environment here.
+        "args": ["/bin/true"],
+        # Slurm 22.05 appends the step's environment (srun --export) to this; later versions replace it.
+        "env": ["PATH=" + env["PATH"]] + [
+            f"{name}={env[name]}" for name in GPU_VARIABLES if name in env
+        ],
+        "cwd": "/",
+        "capabilities": {"bounding": [], "effective": [], "permitted": [], "inheritable": [], "ambient": []},
+        "noNewPrivileges": True,
+    },
+    "root": {"path": env["DEVCLOUD_ROOTFS"], "readonly": True},
+    "hostname": node,
+    "mounts": [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "nodev", "mode=1777", "size=1g"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+        bind(workspace, "/workspace", "nodev"),
+        bind(home, env["HOME"], "nodev"),
+        bind(os.path.join(devices, "kfd"), "/dev/kfd"),
+        bind(dri, "/dev/dri"),
+    ],
+    "linux": {
+        # Nested under the job step's cgroup, whose device rules (the job's GPUs only) still apply.
+        "resources": {"devices": [{"allow": True, "access": "rwm"}]},
+        "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+        "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                        "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+                        "/proc/scsi"],
+        "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+    },
+}
+with open(os.path.join(bundle, "config.json"), "w") as handle:
+    json.dump(config, handle, indent=1)
+
+url = env.get("DEVCLOUD_CALLBACK_URL")
+if url:
+    body = {"node": node, "jupyter_port": ports[0], "ssh_port": ports[1] or None, "job_id": int(job_id)}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Content-Type": "application/json",
+        "Authorization": "Bearer " + env.get("DEVCLOUD_CALLBACK_TOKEN", ""),
+    })
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except Exception as error:
+        print(f"devcloud: callback to {url} failed: {error}", file=sys.stderr)
+print(ports[0], ports[1], bundle)
+'''
+
+
+def batch_script(*, tini: str = TINI, start_script: str = START_SCRIPT) -> str:
+    """Returns the text of the batch script (the same for every instance: everything that differs comes
+    in the job's environment, see job_request). `tini` and `start_script` are paths inside the image
+    (its Entrypoint)."""
+    export = ",".join(CONTAINER_VARIABLES)
+    helper = _NODE_HELPER.replace("{gpu_variables!r}", repr(GPU_VARIABLES))
+    return f"""#!/bin/bash
+# DevCloud instance: the image's JupyterLab in an OCI container on this node (srun --container, runc).
+set -euo pipefail
+read -r jupyter_port ssh_port bundle < <(python3 -c {shlex.quote(helper)})
+export JUPYTER_IP=0.0.0.0 JUPYTER_PORT=$jupyter_port
+if [ "$ssh_port" != 0 ]; then export DEVCLOUD_SSH_PORT=$ssh_port; else unset DEVCLOUD_SSH_PORT; fi
+unset DEVCLOUD_CALLBACK_TOKEN DEVCLOUD_AUTHORIZED_KEYS
+echo "devcloud: job $SLURM_JOB_ID on $SLURMD_NODENAME, JupyterLab on port $jupyter_port, sshd on $ssh_port"
+exec srun --export={export} --container="$bundle" {shlex.quote(tini)} -s -- {shlex.quote(start_script)}
+"""
+
+
+def job_request(
+    *,
+    name: str,
+    gpus: int,
+    time_limit_minutes: int,
+    jupyter_token: str,
+    jupyter_base_url: str,
+    rootfs: str,
+    workspace_dir: str,
+    run_dir: str,
+    callback_url: str,
+    callback_token: str,
+    authorized_keys: str = "",
+    ssh: bool = True,
+    partition: str | None = None,
+    gres_name: str = "gpu",
+    device_dir: str = "/dev",
+    path: str = IMAGE_PATH,
+    container_uid: int = CONTAINER_UID,
+) -> dict:
+    """Returns the `job` dict of a submission of batch_script() for one instance.
+
+    name            the job's name, derived from the instance, so a retried submission finds its job
+                    (SlurmRest.find_job) instead of making a second one
+    gpus            GPUs on one node (`--gres=<gres_name>:<gpus>`)
+    time_limit_minutes  Slurm ends the job after this
+    rootfs          the image's root filesystem on shared storage (a real directory)
+    workspace_dir   the user's workspace on shared storage, /workspace in the container
+    run_dir         shared storage for the jobs' bundles, homes and output (<run_dir>/<job id>/...)
+    device_dir      the nodes' /dev (kfd and dri/); "{node}" in it stands for the node's name
+    partition       None: the cluster's default partition
+    """
+    if gpus < 1:
+        raise ValueError("an instance has at least one GPU")
+    environment = {
+        "PATH": path,
+        "HOME": CONTAINER_HOME,
+        "LANG": "C.UTF-8",
+        "SHELL": "/bin/bash",
+        "JUPYTER_TOKEN": jupyter_token,
+        "JUPYTER_BASE_URL": jupyter_base_url,
+        "DEVCLOUD_SSH": "1" if ssh else "0",
+        "DEVCLOUD_ROOTFS": rootfs,
+        "DEVCLOUD_WORKSPACE": workspace_dir,
+        "DEVCLOUD_RUN_DIR": run_dir,
+        "DEVCLOUD_DEVICE_DIR": device_dir,
+        "DEVCLOUD_CONTAINER_UID": str(container_uid),
+        "DEVCLOUD_CALLBACK_URL": callback_url,
+        "DEVCLOUD_CALLBACK_TOKEN": callback_token,
+        "DEVCLOUD_AUTHORIZED_KEYS": authorized_keys,
+    }
+    job = {
+        "name": name,
+        "gres": f"{gres_name}:{gpus}",
+        "nodes": 1,
+        # Present means "do not requeue" (its value is ignored); `"requeue": false` would ask for requeue.
+        "no_requeue": True,
+        "time_limit": time_limit_minutes,
+        "current_working_directory": run_dir,
+        "standard_output": f"{run_dir}/%j.out",
+        "standard_error": f"{run_dir}/%j.out",
+        "environment": environment,
+    }
+    if partition:
+        job["partition"] = partition
+    return job
