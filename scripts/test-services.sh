@@ -12,6 +12,8 @@
 #   openssh-client  the real ssh and scp the SSH gateway's tests run
 #   fleet       the test fleet (tests/support/fleet.py): ip (iproute2), nsenter (util-linux), iptables,
 #               docker-registry; a registry and engines in network namespaces, started by the tests
+#   slurm       the test Slurm cluster (tests/support/slurm.py): slurmctld, slurmd, slurm-client, munge,
+#               slurmrestd, runc; munge, the controller and one slurmd per node, started by the tests
 #
 # Writes var/test-env (sourced by `make test`) when the tests need settings other than the defaults,
 # e.g. a DATABASE_URL with a password. Exit status: non-zero when PostgreSQL or Redis cannot be made to
@@ -28,7 +30,8 @@ echo "test-services: checking PostgreSQL, Redis, Docker, Chromium"
 
 # --- Packages ---------------------------------------------------------------------------------------
 needed=(postgresql redis-server docker.io debootstrap debian-archive-keyring chromium fonts-dejavu-core
-  ca-certificates xz-utils nginx-core iproute2 util-linux iptables docker-registry openssh-client)
+  ca-certificates xz-utils nginx-core iproute2 util-linux iptables docker-registry openssh-client
+  slurmctld slurmd slurm-client munge slurmrestd runc)
 if ! bash scripts/apt-install.sh "${needed[@]}"; then
   echo "test-services: could not install ${needed[*]}" >&2
   exit 1
@@ -149,3 +152,5 @@ fi
 status debootstrap "$(command -v debootstrap || echo 'NOT FOUND')"
 fleet_tools=$(for tool in ip nsenter iptables dockerd docker-registry; do command -v "$tool" >/dev/null || printf '%s ' "$tool"; done)
 status fleet "${fleet_tools:+MISSING $fleet_tools(the fleet tests will skip)}${fleet_tools:-ip, nsenter, iptables, dockerd, docker-registry}"
+slurm_tools=$(for tool in munged slurmctld slurmd slurmrestd scontrol runc; do command -v "$tool" >/dev/null || printf '%s ' "$tool"; done)
+status slurm "${slurm_tools:+MISSING $slurm_tools(the slurm tests will skip)}${slurm_tools:-$(slurmctld -V 2>/dev/null), munged, slurmrestd, runc $(runc --version 2>/dev/null | sed -n '1s/^runc version //p')}"

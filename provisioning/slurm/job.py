@@ -74,6 +74,9 @@ job_dir = os.path.join(env["DEVCLOUD_RUN_DIR"], job_id)
 bundle, home = os.path.join(job_dir, "bundle"), os.path.join(job_dir, "home")
 
 
+GPU_VARIABLES = {gpu_variables!r}
+
+
 def free_port():
     # The port is free now; nothing else on the node takes ports from this range in the meantime.
     with socket.socket() as probe:
@@ -96,6 +99,7 @@ with open(keys, "w") as handle:
     handle.write(env.get("DEVCLOUD_AUTHORIZED_KEYS", ""))
 os.chmod(keys, 0o600)
 os.chmod(os.path.join(home, ".ssh"), 0o700)
+os.chmod(home, 0o750)
 for path in (home, os.path.join(home, ".ssh"), keys):
     os.chown(path, uid, uid)
 
@@ -119,10 +123,12 @@ config = {
         "user": {"uid": uid, "gid": uid, "additionalGids": gids},
         # Slurm puts the srun command and the job step's environment here.
         "args": ["/bin/true"],
-        "env": ["PATH=" + env["PATH"]],
+        # Slurm 22.05 appends the step's environment (srun --export) to this; later versions replace it.
+        "env": ["PATH=" + env["PATH"]] + [
+            f"{name}={env[name]}" for name in GPU_VARIABLES if name in env
+        ],
         "cwd": "/",
         "capabilities": {"bounding": [], "effective": [], "permitted": [], "inheritable": [], "ambient": []},
-        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
         "noNewPrivileges": True,
     },
     "root": {"path": env["DEVCLOUD_ROOTFS"], "readonly": True},
@@ -177,10 +183,11 @@ def batch_script(*, tini: str = TINI, start_script: str = START_SCRIPT) -> str:
     in the job's environment, see job_request). `tini` and `start_script` are paths inside the image
     (its Entrypoint)."""
     export = ",".join(CONTAINER_VARIABLES)
+    helper = _NODE_HELPER.replace("{gpu_variables!r}", repr(GPU_VARIABLES))
     return f"""#!/bin/bash
 # DevCloud instance: the image's JupyterLab in an OCI container on this node (srun --container, runc).
 set -euo pipefail
-read -r jupyter_port ssh_port bundle < <(python3 -c {shlex.quote(_NODE_HELPER)})
+read -r jupyter_port ssh_port bundle < <(python3 -c {shlex.quote(helper)})
 export JUPYTER_IP=0.0.0.0 JUPYTER_PORT=$jupyter_port
 if [ "$ssh_port" != 0 ]; then export DEVCLOUD_SSH_PORT=$ssh_port; else unset DEVCLOUD_SSH_PORT; fi
 unset DEVCLOUD_CALLBACK_TOKEN DEVCLOUD_AUTHORIZED_KEYS

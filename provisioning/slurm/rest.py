@@ -154,7 +154,8 @@ class SlurmRest:
         self._client = httpx.Client(
             base_url=self.base_url,
             timeout=timeout,
-            headers={"X-SLURM-USER-NAME": user_name, "X-SLURM-USER-TOKEN": token},
+            # Without a token, no token header: slurmrestd then answers 401 (an empty one gives 500).
+            headers={"X-SLURM-USER-NAME": user_name, **({"X-SLURM-USER-TOKEN": token} if token else {})},
             transport=transport,
         )
 
@@ -336,8 +337,8 @@ class SlurmRest:
                 self._request("DELETE", f"job/{NEVER_A_JOB_ID}", what="check the token", probe=False)
             except SlurmBadToken:
                 return self._bad_token(what, http_status, text, _NOT_ACCEPTED.format(user=self.user_name))
-            except SlurmUnreachable as error:
-                return error
+            except SlurmUnreachable:
+                return self._controller_down(what, text)
             except SlurmError:
                 pass
         return SlurmError(
@@ -388,7 +389,8 @@ def _job(job: dict) -> Job:
         signal=signal,
         submit_time=_time(job.get("submit_time")),
         start_time=_time(job.get("start_time")),
-        end_time=_time(job.get("end_time")),
+        # While a job runs, end_time is when its time limit will end it.
+        end_time=_time(job.get("end_time")) if state in ENDED_STATES else None,
         partition=job.get("partition") or "",
         requeue=job.get("requeue"),
         restarts=_number(job.get("restart_cnt")) or 0,
