@@ -67,7 +67,7 @@ def authorized_keys_text(user_id) -> str:
 
 def _ssh_instances(**filters):
     return Instance.objects.filter(
-        state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING], driver="docker", **filters
+        state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING], driver__in=["docker", "slurm"], **filters
     ).select_related("host")
 
 

@@ -14,6 +14,7 @@ finished job after MinJobAge.
 
 import logging
 import os
+import re
 import shutil
 import time
 
@@ -342,5 +343,6 @@ class SlurmDriver(Driver):
 
 def image_rootfs(cluster, reference: str) -> str:
     """Where the root filesystem of the image `reference` lives on the cluster's shared storage:
-    <image_root>/<reference with "/" and ":" as "_">."""
-    return os.path.join(cluster.image_root, reference.replace("/", "_").replace(":", "_"))
+    <image_root>/<the reference with every character but letters, digits, "_", "." and "-" as "_">
+    (devcloud/cpu:abc is devcloud_cpu_abc)."""
+    return os.path.join(cluster.image_root, re.sub(r"[^A-Za-z0-9_.-]", "_", reference))

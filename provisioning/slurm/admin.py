@@ -50,7 +50,7 @@ class SlurmClusterForm(forms.ModelForm):
             "rest_url": "e.g. http://slurm-head:6820, slurmrestd with JWT authentication.",
             "rest_user": "The Slurm user DevCloud's jobs run as; the JWT must be this user's.",
             "image_root": "One directory per image holds its root filesystem (its name: the image reference "
-            "with / and : as _), on storage every node sees.",
+            "with every character but letters, digits, _ . and - as _), on storage every node sees.",
             "workspace_root": "A directory per person, on storage every node sees.",
             "job_root": "Each job's bundle, home and output, on storage every node sees.",
             "device_dir": "Where /dev/kfd and /dev/dri are on a node: /dev on real nodes; {node} stands "

@@ -93,21 +93,22 @@ def start_jupyterlab(*, instance_id, token: str, root_dir: Path, home: Path) -> 
 
 
 class ServerThread:
-    """uvicorn serving portal.asgi:application on a free loopback port, in a background thread.
+    """uvicorn serving portal.asgi:application on a free port of `host` (loopback unless told), in a
+    background thread.
 
     With the HTTP protocol the deploy kit and make run give it, so lab GETs from a session the gateway
     has just allowed take the fast path (portal/gateway/fast_path.py), as they do in production.
     """
 
-    def __init__(self):
+    def __init__(self, host: str = "127.0.0.1"):
         from portal.asgi import application
         from portal.gateway.fast_path import LabHttpProtocol
 
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         config = uvicorn.Config(
             application,
-            host="127.0.0.1",
+            host=host,
             port=self.port,
             log_level="warning",
             lifespan="on",
