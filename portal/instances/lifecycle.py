@@ -133,6 +133,7 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
             on_backend = slurm_clusters.partition_place(instance_id=instance_id)
             if on_backend is None:
                 return _requeue(instance, "No GPUs are free right now")
+            allocations = []
     instance.refresh_from_db(fields=["host", "state", "driver", "step"])
     host = GpuHost.objects.select_related("slurm_cluster").get(pk=instance.host_id)
     instance.host = host

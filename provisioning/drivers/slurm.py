@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 # back as NotPlacedYet (the lifecycle asks again). Long enough for a free node (a few seconds), short
 # enough that a pending job does not hold a worker.
 START_WAIT_SECONDS = 20.0
+# How long a running job may take to report its node and ports before the launch fails (the report
+# comes within seconds of the job starting; longer means the nodes do not reach the portal).
+REPORT_TIMEOUT_SECONDS = 120
 # How long stop waits for Slurm to say the cancelled job ended.
 STOP_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.25
@@ -202,6 +205,14 @@ class SlurmDriver(Driver):
                 waiting = pending_text(job.reason)
             else:
                 waiting = f"starting on {job.nodes or 'its node'}"
+                if job.start_time and time.time() - job.start_time > REPORT_TIMEOUT_SECONDS:
+                    raise DriverError(
+                        f"Its Slurm job {job.job_id} has run on {job.nodes} for over {REPORT_TIMEOUT_SECONDS} s "
+                        f"without reporting where it listens. The operators should check that the nodes reach "
+                        f"{self.cluster.callback_url} and read the job's output ({self.cluster.job_root}/"
+                        f"{job.job_id}.out).",
+                        permanent=True,
+                    )
             if waiting != said:
                 say(f"Slurm job {job.job_id}: {waiting}.")
                 said = waiting

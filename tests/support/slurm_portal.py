@@ -40,6 +40,8 @@ def slurm_partition(transactional_db, slurm_cluster, slurm_callback_server, cpu_
     if not settings.DEVCLOUD_PORTAL_ID.startswith("test-"):
         # A portal id of this test's own (an e2e test's workers already have one; keep theirs).
         settings.DEVCLOUD_PORTAL_ID = f"test-slurm-{uuid.uuid4().hex[:8]}"
+    # The nodes report to the portal at this machine's address on their network.
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, slurm_cluster.controller_address]
     rootfs = slurm_cluster.rootfs_for(cpu_image)
     shared = Path(slurm_cluster.directory) / "shared" / settings.DEVCLOUD_PORTAL_ID
     for name in ("workspaces", "jobs"):
