@@ -131,9 +131,12 @@ def instances_gpu_busy(instance_ids) -> dict:
     """instance id -> the highest gpu_busy_percent among the GPUs it holds, or None when unknown.
 
     One read per host (one helper container for a remote host, however many instances it runs). A
-    host whose engine cannot show the files leaves its instances unknown, and is logged.
+    host whose engine cannot show the files leaves its instances unknown, and is logged. An instance on
+    a Slurm partition has its job's own reading from its node (its last report, while that is recent).
     """
     from .models import GpuAllocation
+
+    percents: dict = _slurm_jobs_gpu_busy(instance_ids)
 
     rows = GpuAllocation.objects.filter(
         instance_id__in=instance_ids, released_at__isnull=True
@@ -144,7 +147,6 @@ def instances_gpu_busy(instance_ids) -> dict:
         hosts[host.pk] = host
         minors = held.setdefault(host.pk, {}).setdefault(allocation.instance_id, [])
         minors.append(allocation.gpu.render_minor)
-    percents: dict = {}
     for host_id, by_instance in held.items():
         host = hosts[host_id]
         try:
@@ -156,6 +158,23 @@ def instances_gpu_busy(instance_ids) -> dict:
             values = [readings[minor] for minor in minors if readings.get(minor) is not None]
             percents[instance_id] = max(values) if values else None
     return percents
+
+
+def _slurm_jobs_gpu_busy(instance_ids) -> dict:
+    """instance id -> the busy percent its Slurm job last reported, for jobs that reported within three
+    heartbeats (an older reading says nothing about now: unknown, None)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from .models import SlurmJob
+
+    fresh = timezone.now() - timedelta(seconds=3 * settings.SLURM_JOB_HEARTBEAT_SECONDS)
+    jobs = SlurmJob.objects.filter(instance_id__in=instance_ids, ended_at__isnull=True)
+    return {
+        job.instance_id: job.gpu_busy_percent if job.last_seen_running_at and job.last_seen_running_at >= fresh else None
+        for job in jobs.only("instance_id", "gpu_busy_percent", "last_seen_running_at")
+    }
 
 
 def _survey_here(host) -> GpuSurvey:

@@ -272,10 +272,15 @@ class SlurmJob(models.Model):
     jupyter_port = models.PositiveIntegerField(null=True, blank=True)
     ssh_port = models.PositiveIntegerField(null=True, blank=True)
     reported_at = models.DateTimeField(null=True, blank=True)
-    # Slurm's last word: job_state and state_reason, and when it was last seen running.
+    # Slurm's last word: job_state and state_reason.
     slurm_state = models.CharField(max_length=30, blank=True, default="")
     slurm_reason = models.CharField(max_length=200, blank=True, default="")
+    # When the job last reported from its node (it does every few seconds while it runs): how far an
+    # instance whose node died is charged.
     last_seen_running_at = models.DateTimeField(null=True, blank=True)
+    # The highest gpu_busy_percent of the job's own GPUs in its last report, read on the node (None: the
+    # node could not read it), for idle culling.
+    gpu_busy_percent = models.PositiveSmallIntegerField(null=True, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 

@@ -271,6 +271,9 @@ DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="devcloud")
 # The Fernet key that seals secrets kept in the database (a Slurm cluster's JWT; portal/lib/sealed.py).
 # Empty: a key derived from SECRET_KEY, so changing SECRET_KEY then makes sealed values unreadable.
 DEVCLOUD_SEALING_KEY = env("DEVCLOUD_SEALING_KEY", default="")
+# How often an instance's Slurm job reports from its node that it still runs (with its GPUs' use): an
+# instance whose node dies is charged up to its last report.
+SLURM_JOB_HEARTBEAT_SECONDS = env.int("SLURM_JOB_HEARTBEAT_SECONDS", default=30)
 # Seconds one Docker Engine API call may take before the host counts as unreachable.
 DEVCLOUD_DOCKER_TIMEOUT = env.int("DEVCLOUD_DOCKER_TIMEOUT", default=30)
 # Process limit of a container, per GPU it holds.

@@ -13,6 +13,7 @@ finished job after MinJobAge.
 """
 
 import logging
+import math
 import os
 import re
 import shutil
@@ -168,6 +169,10 @@ class SlurmDriver(Driver):
             partition=self.host.slurm_partition or None,
             gres_name=cluster.gres_name,
             device_dir=cluster.device_dir,
+            cpus=max(1, math.ceil(spec.cpus)),
+            memory_mb=spec.memory_bytes // (1024 * 1024),
+            shm_mb=spec.shm_bytes // (1024 * 1024),
+            heartbeat_seconds=settings.SLURM_JOB_HEARTBEAT_SECONDS,
         )
 
     def _wait_for_report(self, rest: SlurmRest, spec: StartSpec, job, say) -> StartResult:
@@ -187,7 +192,7 @@ class SlurmDriver(Driver):
             if job.state == "RUNNING" and record.reported_at is not None:
                 address = record.address or self._node_address(rest, record.node)
                 if not record.address:
-                    SlurmJob.objects.filter(pk=record.pk).update(address=address, last_seen_running_at=timezone.now())
+                    SlurmJob.objects.filter(pk=record.pk).update(address=address)
                 host_part = f"[{address}]" if ":" in address else address
                 return StartResult(
                     endpoint=f"http://{host_part}:{record.jupyter_port}",
@@ -273,7 +278,9 @@ class SlurmDriver(Driver):
                 return PollResult(status="missing", detail="Slurm no longer knows the job.")
             return self._ended(record, record.slurm_state, record.slurm_reason)
         if job.state == "RUNNING":
-            SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state, last_seen_running_at=now)
+            # Not a sighting: Slurm says RUNNING for a while after a node goes silent. The job's own
+            # reports from its node are the sightings (provisioning/slurm/callback.py).
+            SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state)
             return PollResult(status="running")
         if not job.ended:
             SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state, slurm_reason=job.reason or "")
@@ -298,8 +305,7 @@ class SlurmDriver(Driver):
     def managed_instance_ids(self) -> set[str]:
         """Instance ids of this portal's live jobs in the partition (named devcloud-<portal id>-<uuid>).
 
-        Every job seen running has its SlurmJob's last sighting moved to now: that is how far a node that
-        dies later is charged. Raises DriverError(permanent=False) when slurmrestd cannot be reached.
+        Raises DriverError(permanent=False) when slurmrestd cannot be reached.
         """
         prefix = job_prefix()
         try:
@@ -310,11 +316,6 @@ class SlurmDriver(Driver):
         partition = self.host.slurm_partition
         if partition:
             jobs = [job for job in jobs if not job.partition or job.partition == partition]
-        running = [job.job_id for job in jobs if job.state == "RUNNING"]
-        if running:
-            SlurmJob.objects.filter(job_id__in=running, host=self.host).update(
-                last_seen_running_at=timezone.now(), slurm_state="RUNNING"
-            )
         return {job.name[len(prefix) :] for job in jobs}
 
     def logs(self, ref: InstanceRef, tail: int = 100) -> str:

@@ -1,7 +1,9 @@
 """The job's report of where it runs: POST /slurm/jobs/<instance uuid>/report from the node.
 
 The batch script (provisioning/slurm/job.py) sends {"node", "jupyter_port", "ssh_port", "job_id"} with
-`Authorization: Bearer <token>`, where the token is an HMAC of the instance id under the portal's
+`Authorization: Bearer <token>` once the job starts, and again every few seconds while it runs, with
+"gpu_busy" (gpu_busy_percent of each of the job's own GPUs, read on the node). Each report is a sighting
+of the job on its node; where the token is an HMAC of the instance id under the portal's
 SECRET_KEY: only the job DevCloud submitted for that instance knows it (it travels in the job's
 environment, which Slurm shows to the job's user and root only, and the script removes it before the
 container starts). The report only says where the job listens; the gateways still reach that address
@@ -57,26 +59,33 @@ def job_report(*, instance_id, token: str, report: dict) -> SlurmJob:
     node, job_id = report.get("node"), report.get("job_id")
     if not isinstance(node, str) or not NODE_NAME.match(node):
         raise ReportRefused(400, "node must be the Slurm node's name.")
-    jupyter_port, ssh_port = _port(report.get("jupyter_port")), _port(report.get("ssh_port", 0))
+    jupyter_port, ssh_port = _port(report.get("jupyter_port")), _port(report.get("ssh_port") or 0)
     if not jupyter_port:
         raise ReportRefused(400, "jupyter_port must be the port JupyterLab listens on.")
     try:
         job_id = int(job_id)
     except (TypeError, ValueError):
         raise ReportRefused(400, "job_id must be the Slurm job id.") from None
+    busy = report.get("gpu_busy") or {}
+    if not isinstance(busy, dict) or not all(
+        value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 100)
+        for value in busy.values()
+    ):
+        raise ReportRefused(400, "gpu_busy must map each GPU to its busy percent (0-100) or null.")
     record = SlurmJob.objects.filter(instance_id=instance_id, ended_at__isnull=True).first()
     if record is None:
         raise ReportRefused(404, "DevCloud has no live Slurm job for this instance.")
     if record.job_id not in (None, job_id):
         raise ReportRefused(409, f"This instance's job is {record.job_id}, not {job_id}.")
-    SlurmJob.objects.filter(pk=record.pk).update(
-        job_id=job_id,
-        node=node,
-        address=None,
-        jupyter_port=jupyter_port,
-        ssh_port=ssh_port or None,
-        reported_at=timezone.now(),
-    )
+    now = timezone.now()
+    changes = {"last_seen_running_at": now}
+    if record.reported_at is None or (record.node, record.jupyter_port) != (node, jupyter_port):
+        changes.update(job_id=job_id, node=node, address=None, jupyter_port=jupyter_port,
+                       ssh_port=ssh_port or None, reported_at=now)
+    if busy:
+        readings = [value for value in busy.values() if value is not None]
+        changes["gpu_busy_percent"] = max(readings) if readings else None
+    SlurmJob.objects.filter(pk=record.pk).update(**changes)
     record.refresh_from_db()
     return record
 

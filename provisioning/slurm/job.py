@@ -140,7 +140,7 @@ config = {
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-         "options": ["nosuid", "nodev", "mode=1777", "size=1g"]},
+         "options": ["nosuid", "nodev", "mode=1777", "size=" + env.get("DEVCLOUD_SHM_MB", "1024") + "m"]},
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
          "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
@@ -178,6 +178,55 @@ print(ports[0], ports[1], bundle)
 '''
 
 
+# Runs on the node beside the container, in the job's cgroup, for as long as the job: every
+# DEVCLOUD_HEARTBEAT_SECONDS it reports again, which is how DevCloud knows the node still runs the job (a
+# node that dies stops reporting; Slurm notices only later), with gpu_busy_percent of the job's own GPUs,
+# for idle culling. Its own GPUs are the render nodes the job's devices cgroup lets it open (no EPERM).
+_HEARTBEAT = r'''
+import errno, json, os, sys, time, urllib.request
+
+env = os.environ
+job_id, node = env["SLURM_JOB_ID"], env["SLURMD_NODENAME"]
+jupyter_port, ssh_port = int(sys.argv[1]), int(sys.argv[2])
+dri = os.path.join(env["DEVCLOUD_DEVICE_DIR"].replace("{node}", node), "dri")
+own = []
+for name in sorted(os.listdir(dri)) if os.path.isdir(dri) else []:
+    if not name.startswith("renderD"):
+        continue
+    try:
+        os.close(os.open(os.path.join(dri, name), os.O_RDWR))
+    except OSError as error:
+        if error.errno in (errno.EPERM, errno.EACCES):
+            continue
+    own.append(name)
+
+
+def busy(name):
+    try:
+        with open(f"/sys/class/drm/{name}/device/gpu_busy_percent") as reading:
+            return int(reading.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+every = max(1, int(env.get("DEVCLOUD_HEARTBEAT_SECONDS", "30")))
+url, token = env["DEVCLOUD_CALLBACK_URL"], env.get("DEVCLOUD_CALLBACK_TOKEN", "")
+while True:
+    time.sleep(every)
+    body = {"node": node, "jupyter_port": jupyter_port, "ssh_port": ssh_port or None, "job_id": int(job_id),
+            "gpu_busy": {name: busy(name) for name in own}}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+        "Content-Type": "application/json", "Authorization": "Bearer " + token})
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except urllib.error.HTTPError as error:
+        if error.code in (403, 404):
+            break  # DevCloud is done with this job
+    except Exception as error:
+        print(f"devcloud: heartbeat to {url} failed: {error}", file=sys.stderr, flush=True)
+'''
+
+
 def batch_script(*, tini: str = TINI, start_script: str = START_SCRIPT) -> str:
     """Returns the text of the batch script (the same for every instance: everything that differs comes
     in the job's environment, see job_request). `tini` and `start_script` are paths inside the image
@@ -188,6 +237,9 @@ def batch_script(*, tini: str = TINI, start_script: str = START_SCRIPT) -> str:
 # DevCloud instance: the image's JupyterLab in an OCI container on this node (srun --container, runc).
 set -euo pipefail
 read -r jupyter_port ssh_port bundle < <(python3 -c {shlex.quote(helper)})
+if [ -n "${{DEVCLOUD_CALLBACK_URL:-}}" ]; then
+  python3 -c {shlex.quote(_HEARTBEAT)} "$jupyter_port" "$ssh_port" </dev/null &
+fi
 export JUPYTER_IP=0.0.0.0 JUPYTER_PORT=$jupyter_port
 if [ "$ssh_port" != 0 ]; then export DEVCLOUD_SSH_PORT=$ssh_port; else unset DEVCLOUD_SSH_PORT; fi
 unset DEVCLOUD_CALLBACK_TOKEN DEVCLOUD_AUTHORIZED_KEYS
@@ -215,6 +267,10 @@ def job_request(
     device_dir: str = "/dev",
     path: str = IMAGE_PATH,
     container_uid: int = CONTAINER_UID,
+    cpus: int | None = None,
+    memory_mb: int | None = None,
+    shm_mb: int = 1024,
+    heartbeat_seconds: int = 30,
 ) -> dict:
     """Returns the `job` dict of a submission of batch_script() for one instance.
 
@@ -227,6 +283,9 @@ def job_request(
     run_dir         shared storage for the jobs' bundles, homes and output (<run_dir>/<job id>/...)
     device_dir      the nodes' /dev (kfd and dri/); "{node}" in it stands for the node's name
     partition       None: the cluster's default partition
+    cpus, memory_mb the instance's share of the node (`--cpus-per-task`, `--mem`); None: Slurm's default
+    shm_mb          the size of the container's /dev/shm
+    heartbeat_seconds  how often the job reports again that it runs, with its GPUs' use
     """
     if gpus < 1:
         raise ValueError("an instance has at least one GPU")
@@ -246,6 +305,8 @@ def job_request(
         "DEVCLOUD_CALLBACK_URL": callback_url,
         "DEVCLOUD_CALLBACK_TOKEN": callback_token,
         "DEVCLOUD_AUTHORIZED_KEYS": authorized_keys,
+        "DEVCLOUD_SHM_MB": str(shm_mb),
+        "DEVCLOUD_HEARTBEAT_SECONDS": str(heartbeat_seconds),
     }
     job = {
         "name": name,
@@ -261,4 +322,8 @@ def job_request(
     }
     if partition:
         job["partition"] = partition
+    if cpus:
+        job["cpus_per_task"] = cpus
+    if memory_mb:
+        job["memory_per_node"] = memory_mb
     return job

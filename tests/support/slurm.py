@@ -458,6 +458,21 @@ class SlurmCluster:
             node._process.wait()
             node._process = None
 
+    def cut_node(self, name: str) -> None:
+        """The node dies as a machine does: its network goes (nothing it runs reaches this machine any
+        more, nor it them) and its slurmd is killed. restore_node brings it back."""
+        node = self.node(name)
+        _run("ip", "link", "set", node.link, "down")
+        self.kill_node(name)
+
+    def restore_node(self, name: str, timeout: float = START_TIMEOUT) -> None:
+        """After cut_node: the network back (the kernel dropped the route with the link) and slurmd
+        started again; returns once the node is idle."""
+        node = self.node(name)
+        _run("ip", "link", "set", node.link, "up")
+        _run("ip", "route", "replace", f"{node.address}/32", "dev", node.link)
+        self.start_node(name, timeout=timeout)
+
     def start_node(self, name: str, timeout: float = START_TIMEOUT) -> None:
         """Starts the node's slurmd again (after kill_node); returns once the node is idle again
         (ReturnToService=2 brings a DOWN node back as soon as it registers)."""

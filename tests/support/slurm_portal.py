@@ -42,6 +42,8 @@ def slurm_partition(transactional_db, slurm_cluster, slurm_callback_server, cpu_
         settings.DEVCLOUD_PORTAL_ID = f"test-slurm-{uuid.uuid4().hex[:8]}"
     # The nodes report to the portal at this machine's address on their network.
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, slurm_cluster.controller_address]
+    # Jobs report from their nodes every second, so a node's death is seen within a second or two.
+    settings.SLURM_JOB_HEARTBEAT_SECONDS = 1
     rootfs = slurm_cluster.rootfs_for(cpu_image)
     shared = Path(slurm_cluster.directory) / "shared" / settings.DEVCLOUD_PORTAL_ID
     for name in ("workspaces", "jobs"):
@@ -62,6 +64,9 @@ def slurm_partition(transactional_db, slurm_cluster, slurm_callback_server, cpu_
         callback_url=slurm_callback_server.url,
     )
     partition = cluster.partitions.get()
+    # Each test node has 16 CPUs and 4,000 MB: shares that let an 8x instance fit on one node.
+    GpuHost.objects.filter(pk=partition.pk).update(cpus_per_gpu=1, memory_mb_per_gpu=400)
+    partition.refresh_from_db()
     yield partition
     cancel_all(slurm_cluster)
 
