@@ -23,8 +23,8 @@ from portal.instances.models import Instance
 from provisioning import services as hosts
 from provisioning.drivers.docker import container_name
 from provisioning.models import GpuAllocation, GpuHost
+from tests.conftest import KFD_FIXTURES, make_kfd_dev_root
 from tests.gateway.helpers import browser, free_port, lab_url, ws_connect
-from tests.provisioning.conftest import KFD_FIXTURES, make_kfd_dev_root
 from tests.support.docker_instances import LOCAL_ENGINE, docker_client
 
 HOUR = 3600

@@ -17,6 +17,7 @@ import pytest
 from provisioning import hostfs, services
 from provisioning.drivers.docker import DockerDriver, container_name
 from provisioning.inventory import InventoryError, read_inventory
+from tests.conftest import KFD_FIXTURES, MI300X_RENDER_MINORS, make_kfd_dev_root
 from tests.support.docker_instances import (
     docker_client,
     docker_portal_fixture,  # noqa: F401
@@ -26,8 +27,6 @@ from tests.support.docker_instances import (
     wait_for_jupyter,
 )
 from tests.support.images import cpu_image_fixture  # noqa: F401
-
-from .conftest import KFD_FIXTURES, MI300X_RENDER_MINORS, make_kfd_dev_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 

@@ -22,7 +22,7 @@ from provisioning.drivers import fake
 from provisioning.inventory import read_inventory
 from provisioning.models import Gpu, GpuAllocation, GpuHost
 
-from .conftest import KFD_FIXTURES
+from tests.conftest import KFD_FIXTURES
 
 MINUTE = timedelta(minutes=1)
 

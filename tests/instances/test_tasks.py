@@ -7,6 +7,8 @@ import uuid
 import pytest
 from django.conf import settings
 
+# A worker autodiscovers each app's tasks; beat also publishes provisioning's, so import them here.
+import provisioning.tasks  # noqa: F401
 from portal.celery import app
 from portal.credits import services as credits
 from portal.credits.models import CreditAccount

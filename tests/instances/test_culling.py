@@ -28,7 +28,7 @@ from provisioning.drivers.local import LocalDriver
 from provisioning.inventory import read_inventory
 from provisioning.models import Gpu, GpuHost
 
-from .conftest import KFD_FIXTURES
+from tests.conftest import KFD_FIXTURES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
