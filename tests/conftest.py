@@ -20,6 +20,7 @@ from cryptography.x509.oid import NameOID
 from django.utils import timezone
 
 from portal.accounts.models import User
+from provisioning.drivers import fake
 from provisioning.inventory import read_inventory
 from provisioning.localhost import standin_devices_make
 
@@ -108,6 +109,14 @@ def oscar(db):
 def alice_client(client, alice):
     client.force_login(alice)
     return client
+
+
+@pytest.fixture
+def cloud(settings):
+    """Launches and the reconciler use the fake driver (no Docker), starting from an empty fake cloud.
+    Returns the FakeCloud. A file whose every test wants it says pytest.mark.usefixtures("cloud")."""
+    settings.DEVCLOUD_DRIVER = "fake"
+    return fake.install()
 
 
 def _is_transactional(request) -> bool:

@@ -25,14 +25,10 @@ from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.conftest import PASSWORD, make_user
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 NOTICE = "Your account is suspended: Crypto mining on the GPUs. Contact support to lift it."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture(autouse=True)

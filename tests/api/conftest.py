@@ -27,11 +27,10 @@ def _fresh_rate_limits(db):
 
 
 @pytest.fixture(autouse=True)
-def fake_cloud(settings):
-    """Launches use the fake driver (no Docker), as in tests/instances/test_launch.py."""
-    settings.DEVCLOUD_DRIVER = "fake"
+def launches_on_the_fake_cloud(cloud, settings):
+    """Launches use the fake driver (no Docker) and need 15 minutes of credit, as in
+    tests/instances/test_launch.py."""
     settings.LAUNCH_MIN_CREDIT_MINUTES = 15
-    return fake.install()
 
 
 class TokenClient:

@@ -17,15 +17,11 @@ from provisioning.drivers import fake
 
 from ..conftest import make_user
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 IMPORT_URL = "/admin/credits/certificateimport/add/"
 LISTED_ID = "ROCM-STAR-0042"
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

@@ -18,17 +18,13 @@ from portal.instances import entitlements, services
 from portal.instances.models import Instance, LaunchPolicy
 from provisioning.drivers import fake
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 REFUSED_8X = (
     "8x MI300X opens once an operator approves one of your bonus-hour applications: "
     "apply through the ROCm Star developer certificate program."
 )
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

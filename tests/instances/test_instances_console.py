@@ -14,16 +14,10 @@ from portal.instances.models import Instance
 from portal.instances import lifecycle
 from provisioning.drivers import fake
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
 CHANGELIST_URL = "/admin/instances/instance/"
 REASON = "This instance was mining cryptocurrency, which the terms of use forbid."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

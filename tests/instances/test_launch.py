@@ -17,6 +17,8 @@ from portal.instances.models import Instance
 from provisioning.drivers import fake
 from tests.support.worker import celery_publishing_to, unique_queue
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 
 @pytest.fixture
 def kombu_pools_reset():
@@ -45,10 +47,8 @@ def balance(user) -> int:
 
 
 @pytest.fixture(autouse=True)
-def fake_cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def launch_needs_15_credit_minutes(settings):
     settings.LAUNCH_MIN_CREDIT_MINUTES = 15
-    return fake.install()
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from provisioning.drivers import driver_for, fake
 from provisioning.drivers.base import DriverError
 from provisioning.models import GpuAllocation
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 
 
@@ -46,10 +48,8 @@ def usage_entries(user):
 
 
 @pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def ready_within_20_seconds(settings):
     settings.READY_TIMEOUT_SECONDS = 20
-    return fake.install()
 
 
 @pytest.fixture

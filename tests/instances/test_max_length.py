@@ -18,13 +18,9 @@ from portal.notifications.models import Notification
 from portal.instances import lifecycle, limits, tasks
 from provisioning.drivers import fake
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,8 @@ from portal.instances.models import Instance
 from portal.instances import lifecycle
 from provisioning.drivers import fake
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 T0 = timezone.make_aware(timezone.datetime(2026, 3, 1, 12, 0, 0))
 
@@ -40,10 +42,8 @@ def usage(user):
 
 
 @pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def meter_ticks_every_minute(settings):
     settings.METER_TICK_SECONDS = 60
-    return fake.install()
 
 
 @pytest.fixture

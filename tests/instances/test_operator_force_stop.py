@@ -15,14 +15,10 @@ from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.conftest import make_staff
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 CHANGELIST_URL = "/admin/instances/instance/"
 REASON = "Mining cryptocurrency, which the terms forbid."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.support.worker import celery_publishing_to, unique_queue
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 
 @pytest.fixture
 def kombu_pools_reset():
@@ -44,12 +46,6 @@ def text(response) -> str:
     """The page's visible text, whitespace collapsed."""
     html = re.sub(r"<(script|style).*?</\1>", " ", response.content.decode(), flags=re.DOTALL)
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

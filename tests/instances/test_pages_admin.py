@@ -14,11 +14,7 @@ from portal.instances.models import Image, Instance
 from portal.instances import lifecycle
 from provisioning.drivers import fake
 
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
+pytestmark = pytest.mark.usefixtures("cloud")
 
 
 @pytest.fixture

@@ -18,13 +18,9 @@ from portal.instances import tasks
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture(autouse=True)

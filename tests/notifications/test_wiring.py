@@ -14,7 +14,7 @@ from provisioning.drivers import fake
 
 from .conftest import give, mails_to
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
 T0 = timezone.now().replace(microsecond=0) - timedelta(days=1)
 ONE_HOUR_LEFT = "About 1 hour of GPU credit left on DevCloud"
@@ -22,10 +22,8 @@ TEN_MINUTES_LEFT = "About 10 minutes of GPU credit left: your instances stop soo
 
 
 @pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def meter_ticks_every_minute(settings):
     settings.METER_TICK_SECONDS = 60
-    return fake.install()
 
 
 @pytest.fixture

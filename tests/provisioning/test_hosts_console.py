@@ -22,16 +22,10 @@ from provisioning import scheduler, services
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation, GpuHost, ImageJob
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
 CHANGELIST_URL = "/admin/provisioning/gpuhost/"
 REASON = "Replacing a failed fan on gpu-01; back tomorrow."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture
