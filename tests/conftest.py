@@ -1,6 +1,7 @@
 """Shared personas: alice and bob are verified developers, charlie is unverified, olivia is the superuser who
 runs the console, otto is an operator (staff in the Operators group, nothing more), oscar is staff without
-any permission.
+any permission. Plain helpers beside them: give (credit through the ledger), balance, text (a page's
+visible text) and mails_to.
 
 Below them, what both the instance lifecycle's tests and provisioning's use: the 8x MI300X KFD sysfs tree
 and a stand-in /dev for it (kfd_*), and a CA with certificates for an engine behind mutual TLS (host_*)."""
@@ -8,7 +9,9 @@ and a stand-in /dev for it (kfd_*), and a CA with certificates for an engine beh
 import datetime
 import ipaddress
 import os
+import re
 import ssl
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +23,14 @@ from cryptography.x509.oid import NameOID
 from django.utils import timezone
 
 from portal.accounts.models import User
+from portal.credits import services as credit_services
+from portal.credits.models import CreditAccount
 from provisioning.drivers import fake
 from provisioning.inventory import read_inventory
 from provisioning.localhost import standin_devices_make
 
 PASSWORD = "correct horse battery staple"
+HOUR = 3600
 
 
 def make_user(email, *, verified=True, staff=False, **extra):
@@ -50,6 +56,33 @@ def make_staff(email, *permissions):
         app_label, codename = name.split(".", 1)
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
     return user
+
+
+def give(user, gpu_hours, reason="Test credit", actor=None):
+    """Put `gpu_hours` on the user's balance through the ledger, as an operator grant would. Returns the entry."""
+    return credit_services.credits_adjust(
+        user=user,
+        gpu_seconds=int(gpu_hours * HOUR),
+        reason=reason,
+        actor=actor,
+        idempotency_key=str(uuid.uuid4()),
+    )
+
+
+def balance(user) -> int:
+    """The user's balance in GPU-seconds."""
+    return CreditAccount.objects.get(user=user).balance_gpu_seconds
+
+
+def text(response) -> str:
+    """The page's visible text, whitespace collapsed."""
+    html = re.sub(r"<(script|style).*?</\1>", " ", response.content.decode(), flags=re.DOTALL)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def mails_to(outbox, user):
+    """The mails in `outbox` addressed to `user` alone."""
+    return [message for message in outbox if message.to == [user.email]]
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ the operator's buttons on the user page. Personas: alice (developer), bob (devel
 
 import re
 import threading
-import uuid
 
 import pytest
 from django.core import mail
@@ -16,14 +15,14 @@ from portal.accounts import services as accounts
 from portal.accounts.models import User
 from portal.console.models import AuditEntry
 from portal.credits import services as credits
-from portal.credits.models import BonusProgram, CreditAccount, LedgerEntry
+from portal.credits.models import BonusProgram, LedgerEntry
 from portal.instances import entitlements
 from portal.instances import services as instances
 from portal.instances.models import Instance
 from portal.notifications.models import Notification
 from portal.instances import lifecycle
 from provisioning.drivers import fake
-from tests.conftest import PASSWORD, make_user
+from tests.conftest import PASSWORD, balance, give, make_user, text
 
 pytestmark = pytest.mark.usefixtures("cloud")
 
@@ -49,26 +48,6 @@ def olivia_client(olivia):
     browser = Client()
     browser.force_login(olivia)
     return browser
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
-def balance(user) -> int:
-    return CreditAccount.objects.get(user=user).balance_gpu_seconds
-
-
-def text(response) -> str:
-    """The page's visible text, whitespace collapsed."""
-    html = re.sub(r"<(script|style).*?</\1>", " ", response.content.decode(), flags=re.DOTALL)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 @pytest.fixture

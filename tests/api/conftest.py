@@ -1,6 +1,5 @@
 """API test helpers: a token for a persona, and a client that sends it the way a script does."""
 
-import uuid
 
 import pytest
 from django.core.cache import caches
@@ -8,10 +7,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from portal.api import services
-from portal.credits import services as credits
 from provisioning.drivers import fake
-
-HOUR = 3600
 
 
 @pytest.fixture(scope="session")
@@ -59,16 +55,6 @@ def token_for(user, *, scope="launch", days=30, name="script") -> tuple:
     """(ApiToken, TokenClient) for `user`."""
     token, text = services.token_create(user=user, name=name, scope=scope, days=days)
     return token, TokenClient(text)
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
 
 
 @pytest.fixture

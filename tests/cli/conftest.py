@@ -12,7 +12,7 @@ from django.core.management import call_command
 
 from portal.api import services
 from provisioning.drivers import fake
-from tests.api.conftest import give
+from tests.conftest import give
 
 # The SSH tests' real gateway process, containers and OpenSSH client, for `devcloud ssh` run for real.
 from tests.sshgateway.conftest import (  # noqa: F401  (fixtures, used by name)

@@ -1,27 +1,13 @@
 """Helpers for the credit tests. Personas come from tests/conftest.py."""
 
-import uuid
-
 import pytest
 from django.test import Client
 
-from portal.credits import services
 from portal.credits.models import BonusProgram, LedgerEntry
 
 from ..conftest import make_user
 
 HOUR = 3600
-
-
-def give(user, gpu_hours, reason="Test credit", actor=None):
-    """Put `gpu_hours` on the user's balance through the ledger, as an operator would."""
-    return services.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason=reason,
-        actor=actor,
-        idempotency_key=str(uuid.uuid4()),
-    )
 
 
 def entries_of(user):

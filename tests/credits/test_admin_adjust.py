@@ -7,8 +7,9 @@ from django.test import Client
 from pytest_django.asserts import assertContains, assertRedirects
 
 from portal.credits.models import CreditAccount
+from tests.conftest import give
 
-from .conftest import entries_of, give
+from .conftest import entries_of
 
 HOUR = 3600
 

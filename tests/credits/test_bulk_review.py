@@ -7,6 +7,7 @@ from pytest_django.asserts import assertContains, assertNotContains
 from portal.console.models import AuditEntry
 from portal.credits import services
 from portal.credits.models import BonusApplication, CreditAccount
+from tests.conftest import mails_to
 
 from ..conftest import make_user
 
@@ -44,10 +45,6 @@ def confirm_reject(applications, reason):
 
 def shown_messages(response):
     return [str(message) for message in response.context["messages"]]
-
-
-def mails_to(outbox, user):
-    return [message for message in outbox if message.to == [user.email]]
 
 
 def statuses(applications):

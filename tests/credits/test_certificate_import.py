@@ -20,6 +20,7 @@ from portal.credits.models import (
     LedgerEntry,
     certificate_id_in_evidence,
 )
+from tests.conftest import mails_to
 
 from ..conftest import make_user
 
@@ -63,10 +64,6 @@ def upload(client, program, content: bytes, name="rocm-star.csv", note="", trust
 
 def shown_messages(response):
     return [str(message) for message in response.context["messages"]]
-
-
-def mails_to(outbox, user):
-    return [message for message in outbox if message.to == [user.email]]
 
 
 def bonus_of(user):

@@ -24,6 +24,7 @@ from portal.instances.models import Instance
 from portal.instances import lifecycle
 from provisioning.models import GpuAllocation
 from portal.instances.tasks import provision_instance
+from tests.conftest import give
 from tests.support.worker import current_database_url
 
 from .conftest import Cloud, publishing
@@ -32,7 +33,6 @@ from .helpers import (
     ThrowawayRedis,
     assert_consistent,
     containers_of,
-    give,
     live_minors,
     register_host,
     state_of,

@@ -3,7 +3,6 @@ launch, the live-instance limit, and the operators' launch policy page with its 
 refusal is checked twice: in the service, and on the launch page before anyone clicks."""
 
 import re
-import uuid
 
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -17,6 +16,7 @@ from portal.credits.models import BonusProgram
 from portal.instances import entitlements, services
 from portal.instances.models import Instance, LaunchPolicy
 from provisioning.drivers import fake
+from tests.conftest import give, text
 
 pytestmark = pytest.mark.usefixtures("cloud")
 
@@ -55,21 +55,6 @@ def olivia_client(olivia):
     browser = Client()
     browser.force_login(olivia)
     return browser
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
-def text(response) -> str:
-    html = re.sub(r"<(script|style).*?</\1>", " ", response.content.decode(), flags=re.DOTALL)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 def launch_page(user):

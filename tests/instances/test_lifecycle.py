@@ -3,14 +3,12 @@ duplicates. The fake's JupyterLab is a real HTTP server on 127.0.0.1, so readine
 
 import threading
 import time
-import uuid
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 from portal.accounts.models import User
-from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
 from portal.instances import services
 from portal.instances.models import Instance
@@ -19,20 +17,9 @@ from provisioning import scheduler
 from provisioning.drivers import driver_for, fake
 from provisioning.drivers.base import DriverError
 from provisioning.models import GpuAllocation
+from tests.conftest import give
 
 pytestmark = pytest.mark.usefixtures("cloud")
-
-HOUR = 3600
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
 
 
 def live_minors(instance) -> list[int]:

@@ -42,17 +42,6 @@ def make_instance(user, image, *, size="1x", **fields):
     return Instance.objects.create(user=user, image=image, size=size, **fields)
 
 
-def give(user, gpu_hours):
-    """Credit `gpu_hours` through the ledger, as an operator grant would. Returns the entry."""
-    return credit_services.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
 def spend_to(user, balance_gpu_seconds):
     """Charge usage through the ledger until the balance is `balance_gpu_seconds`. Returns the new balance."""
     owed = balance_for(user) - balance_gpu_seconds
@@ -93,5 +82,3 @@ def run_together(workers):
     return results
 
 
-def mails_to(outbox, user):
-    return [message for message in outbox if message.to == [user.email]]

@@ -11,8 +11,8 @@ from portal.instances.models import Instance
 from portal.notifications.models import Kind, Notification
 from portal.instances import lifecycle
 from provisioning.drivers import fake
+from tests.conftest import give, mails_to
 
-from .conftest import give, mails_to
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 

@@ -21,6 +21,7 @@ from portal.instances import services as instance_services
 from provisioning import scheduler, services
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation, GpuHost, ImageJob
+from tests.conftest import mails_to
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
@@ -83,10 +84,6 @@ def audit_of(action):
 
 def page_of(response) -> str:
     return response.content.decode()
-
-
-def mails_to(mailoutbox, user):
-    return [mail for mail in mailoutbox if mail.to == [user.email]]
 
 
 # --- Drain ----------------------------------------------------------------------------------------------
