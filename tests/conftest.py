@@ -20,6 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from django.test import Client
 from django.utils import timezone
 
 from portal.accounts.models import User
@@ -121,9 +122,15 @@ def otto(db):
 
 
 @pytest.fixture
-def otto_client(otto):
-    from django.test import Client
+def olivia_client(olivia):
+    """A browser logged in as olivia."""
+    browser = Client()
+    browser.force_login(olivia)
+    return browser
 
+
+@pytest.fixture
+def otto_client(otto):
     browser = Client()
     browser.force_login(otto)
     return browser
@@ -142,6 +149,14 @@ def oscar(db):
 def alice_client(client, alice):
     client.force_login(alice)
     return client
+
+
+@pytest.fixture
+def bob_client(bob):
+    """A second browser, logged in as bob (alice_client uses the default `client`)."""
+    browser = Client()
+    browser.force_login(bob)
+    return browser
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ import pytest
 from django.conf import settings
 from django.core.cache import caches
 from django.core.management import call_command
-from django.test import Client
 
 from portal.credits.models import SignupGrantProgram
 
@@ -30,14 +29,6 @@ def signup_program(db):
         defaults={"gpu_seconds": settings.SIGNUP_GRANT_GPU_HOURS * 3600, "max_accounts": 10000},
     )
     return program
-
-
-@pytest.fixture
-def bob_client(bob):
-    """A second browser, logged in as bob (alice_client uses the default `client`)."""
-    browser = Client()
-    browser.force_login(bob)
-    return browser
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import pytest
 from django.core import mail
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
-from django.test import Client
 from django.urls import reverse
 
 from portal.accounts import services as accounts
@@ -41,13 +40,6 @@ def tasks_run_inline():
     app.conf.task_always_eager = True
     yield
     app.conf.task_always_eager = saved
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    browser = Client()
-    browser.force_login(olivia)
-    return browser
 
 
 @pytest.fixture

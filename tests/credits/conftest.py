@@ -28,20 +28,6 @@ def rocm_star(db):
 
 
 @pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
-
-
-@pytest.fixture
-def bob_client(bob):
-    client = Client()
-    client.force_login(bob)
-    return client
-
-
-@pytest.fixture
 def charlie_client(charlie):
     client = Client()
     client.force_login(charlie)

@@ -50,13 +50,6 @@ def policy(db, rocm_star):
     return LaunchPolicy.current()
 
 
-@pytest.fixture
-def olivia_client(olivia):
-    browser = Client()
-    browser.force_login(olivia)
-    return browser
-
-
 def launch_page(user):
     browser = Client()
     browser.force_login(user)

@@ -21,13 +21,6 @@ REASON = "This instance was mining cryptocurrency, which the terms of use forbid
 
 
 @pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
-
-
-@pytest.fixture
 def launch(db):
     fake.make_host("gpu-01")
     fake.make_image("cpu", name="CPU JupyterLab")

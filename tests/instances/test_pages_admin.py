@@ -5,7 +5,6 @@ import uuid
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.test import Client
 from django.urls import reverse
 
 from portal.credits import services as credits
@@ -15,13 +14,6 @@ from portal.instances import lifecycle
 from provisioning.drivers import fake
 
 pytestmark = pytest.mark.usefixtures("cloud")
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
 
 
 @pytest.fixture

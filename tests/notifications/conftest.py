@@ -5,7 +5,6 @@ import uuid
 
 import pytest
 from django.db import connection
-from django.test import Client
 
 from portal.credits import services as credit_services
 from portal.credits.models import LedgerEntry
@@ -13,20 +12,6 @@ from portal.credits.selectors import balance_for
 from portal.instances.models import Image, Instance
 
 HOUR = 3600
-
-
-@pytest.fixture
-def bob_client(bob):
-    browser = Client()
-    browser.force_login(bob)
-    return browser
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    browser = Client()
-    browser.force_login(olivia)
-    return browser
 
 
 @pytest.fixture

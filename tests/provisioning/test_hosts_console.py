@@ -30,13 +30,6 @@ REASON = "Replacing a failed fan on gpu-01; back tomorrow."
 
 
 @pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
-
-
-@pytest.fixture
 def gpu_01(db):
     return fake.make_host("gpu-01")
 
