@@ -5,13 +5,15 @@ from django.test import Client
 
 from portal.credits.models import BonusProgram, LedgerEntry
 
-from ..conftest import make_user
-
 HOUR = 3600
 
 
 def entries_of(user):
     return LedgerEntry.objects.filter(account__user=user)
+
+
+def shown_messages(response):
+    return [str(message) for message in response.context["messages"]]
 
 
 @pytest.fixture(autouse=True)
@@ -28,16 +30,12 @@ def rocm_star(db):
 
 
 @pytest.fixture
+def hackathon(db):
+    return BonusProgram.objects.create(name="MI300X hackathon", slug="hackathon", max_gpu_seconds=30 * HOUR)
+
+
+@pytest.fixture
 def charlie_client(charlie):
     client = Client()
     client.force_login(charlie)
     return client
-
-
-@pytest.fixture
-def oscar(db):
-    """Staff, but with no permissions on credits: may open the console, may not change credits."""
-    oscar = make_user("oscar@ops.example.com", first_name="Oscar")
-    oscar.is_staff = True
-    oscar.save(update_fields=["is_staff"])
-    return oscar

@@ -10,6 +10,7 @@ from portal.credits.models import BonusApplication, CreditAccount
 from tests.conftest import mails_to
 
 from ..conftest import make_user
+from .conftest import shown_messages
 
 HOUR = 3600
 QUEUE_URL = "/admin/credits/bonusapplication/"
@@ -41,10 +42,6 @@ def confirm_reject(applications, reason):
         "bulk-reason": reason,
         "_confirm_reject": "Reject",
     }
-
-
-def shown_messages(response):
-    return [str(message) for message in response.context["messages"]]
 
 
 def statuses(applications):
