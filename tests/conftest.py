@@ -20,6 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -60,7 +61,7 @@ def make_staff(email, *permissions):
 
 
 def give(user, gpu_hours, reason="Test credit", actor=None):
-    """Put `gpu_hours` on the user's balance through the ledger, as an operator grant would. Returns the entry."""
+    """Credit `gpu_hours` through the ledger, as an operator grant would. Returns the entry."""
     return credit_services.credits_adjust(
         user=user,
         gpu_seconds=int(gpu_hours * HOUR),
@@ -165,6 +166,13 @@ def cloud(settings):
     Returns the FakeCloud. A file whose every test wants it says pytest.mark.usefixtures("cloud")."""
     settings.DEVCLOUD_DRIVER = "fake"
     return fake.install()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    # Rate-limit counters (the "ratelimit" DatabaseCache) live in a table no migration creates.
+    with django_db_blocker.unblock():
+        call_command("createcachetable", verbosity=0)
 
 
 def _is_transactional(request) -> bool:

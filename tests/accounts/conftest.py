@@ -3,16 +3,8 @@ import re
 import pytest
 from django.conf import settings
 from django.core.cache import caches
-from django.core.management import call_command
 
 from portal.credits.models import SignupGrantProgram
-
-
-@pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    # Rate-limit counters live in a DatabaseCache whose table no migration creates.
-    with django_db_blocker.unblock():
-        call_command("createcachetable", verbosity=0)
 
 
 @pytest.fixture(autouse=True)

@@ -3,18 +3,10 @@
 
 import pytest
 from django.core.cache import caches
-from django.core.management import call_command
 from django.test import Client
 
 from portal.api import services
 from provisioning.drivers import fake
-
-
-@pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    # The per-token rate limit counts in the "ratelimit" DatabaseCache, whose table no migration creates.
-    with django_db_blocker.unblock():
-        call_command("createcachetable", verbosity=0)
 
 
 @pytest.fixture(autouse=True)
