@@ -1,7 +1,8 @@
 """Shared personas: alice and bob are verified developers, charlie is unverified, olivia is the superuser who
 runs the console, otto is an operator (staff in the Operators group, nothing more), oscar is staff without
-any permission. Plain helpers beside them: give (credit through the ledger), balance, text (a page's
-visible text) and mails_to.
+any permission; alice_client, bob_client, olivia_client and otto_client are their browsers, logged in.
+Plain helpers beside them: give (credit through the ledger), balance, text (a page's visible text) and
+mails_to. Launches run on the fake driver where a file asks for `cloud` (usually with usefixtures).
 
 Below them, what both the instance lifecycle's tests and provisioning's use: the 8x MI300X KFD sysfs tree
 and a stand-in /dev for it (kfd_*), and a CA with certificates for an engine behind mutual TLS (host_*)."""
@@ -166,6 +167,12 @@ def cloud(settings):
     Returns the FakeCloud. A file whose every test wants it says pytest.mark.usefixtures("cloud")."""
     settings.DEVCLOUD_DRIVER = "fake"
     return fake.install()
+
+
+@pytest.fixture
+def meter_ticks_every_minute(settings):
+    """The meter runs once a minute (METER_TICK_SECONDS), whatever the environment says."""
+    settings.METER_TICK_SECONDS = 60
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from portal.instances.models import Instance
 from provisioning.drivers import fake
 from tests.support.race import at_once
 
-pytestmark = pytest.mark.usefixtures("cloud")
+pytestmark = pytest.mark.usefixtures("cloud", "meter_ticks_every_minute")
 
 T0 = timezone.make_aware(timezone.datetime(2026, 3, 1, 12, 0, 0))
 NOW = T0 + timedelta(minutes=3)
@@ -23,11 +23,6 @@ HOUR = 3600
 
 class _Undo(Exception):
     pass
-
-
-@pytest.fixture(autouse=True)
-def meter_ticks_every_minute(settings):
-    settings.METER_TICK_SECONDS = 60
 
 
 def owner(name: str, gpu_seconds: int) -> User:

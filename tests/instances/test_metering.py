@@ -18,7 +18,7 @@ from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.conftest import balance
 
-pytestmark = pytest.mark.usefixtures("cloud")
+pytestmark = pytest.mark.usefixtures("cloud", "meter_ticks_every_minute")
 
 HOUR = 3600
 T0 = timezone.make_aware(timezone.datetime(2026, 3, 1, 12, 0, 0))
@@ -36,11 +36,6 @@ def give_gpu_seconds(user, gpu_seconds):
 
 def usage(user):
     return LedgerEntry.objects.filter(account__user=user, kind=LedgerEntry.Kind.USAGE).order_by("id")
-
-
-@pytest.fixture(autouse=True)
-def meter_ticks_every_minute(settings):
-    settings.METER_TICK_SECONDS = 60
 
 
 @pytest.fixture

@@ -14,16 +14,11 @@ from provisioning.drivers import fake
 from tests.conftest import give, mails_to
 
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud", "meter_ticks_every_minute")]
 
 T0 = timezone.now().replace(microsecond=0) - timedelta(days=1)
 ONE_HOUR_LEFT = "About 1 hour of GPU credit left on DevCloud"
 TEN_MINUTES_LEFT = "About 10 minutes of GPU credit left: your instances stop soon"
-
-
-@pytest.fixture(autouse=True)
-def meter_ticks_every_minute(settings):
-    settings.METER_TICK_SECONDS = 60
 
 
 @pytest.fixture
