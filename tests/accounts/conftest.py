@@ -3,17 +3,8 @@ import re
 import pytest
 from django.conf import settings
 from django.core.cache import caches
-from django.core.management import call_command
-from django.test import Client
 
 from portal.credits.models import SignupGrantProgram
-
-
-@pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    # Rate-limit counters live in a DatabaseCache whose table no migration creates.
-    with django_db_blocker.unblock():
-        call_command("createcachetable", verbosity=0)
 
 
 @pytest.fixture(autouse=True)
@@ -30,14 +21,6 @@ def signup_program(db):
         defaults={"gpu_seconds": settings.SIGNUP_GRANT_GPU_HOURS * 3600, "max_accounts": 10000},
     )
     return program
-
-
-@pytest.fixture
-def bob_client(bob):
-    """A second browser, logged in as bob (alice_client uses the default `client`)."""
-    browser = Client()
-    browser.force_login(bob)
-    return browser
 
 
 @pytest.fixture

@@ -21,14 +21,10 @@ from provisioning.drivers import fake
 from provisioning.models import GpuAllocation
 from tests.conftest import PASSWORD
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 DELETE = "/accounts/settings/delete/"
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

@@ -3,36 +3,29 @@ the operator's buttons on the user page. Personas: alice (developer), bob (devel
 
 import re
 import threading
-import uuid
 
 import pytest
 from django.core import mail
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
-from django.test import Client
 from django.urls import reverse
 
 from portal.accounts import services as accounts
 from portal.accounts.models import User
 from portal.audit.models import AuditEntry
 from portal.credits import services as credits
-from portal.credits.models import BonusProgram, CreditAccount, LedgerEntry
-from portal.instances import entitlements
+from portal.credits.models import BonusProgram, LedgerEntry
+from portal.instances import entitlements, lifecycle
 from portal.instances import services as instances
 from portal.instances.models import Instance
 from portal.notifications.models import Notification
-from portal.instances import lifecycle
 from provisioning.drivers import fake
-from tests.conftest import PASSWORD, make_user
+from tests.conftest import PASSWORD, balance, give, make_user, text
+
+pytestmark = pytest.mark.usefixtures("cloud")
 
 HOUR = 3600
 NOTICE = "Your account is suspended: Crypto mining on the GPUs. Contact support to lift it."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture(autouse=True)
@@ -46,33 +39,6 @@ def tasks_run_inline():
     app.conf.task_always_eager = True
     yield
     app.conf.task_always_eager = saved
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    browser = Client()
-    browser.force_login(olivia)
-    return browser
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
-def balance(user) -> int:
-    return CreditAccount.objects.get(user=user).balance_gpu_seconds
-
-
-def text(response) -> str:
-    """The page's visible text, whitespace collapsed."""
-    html = re.sub(r"<(script|style).*?</\1>", " ", response.content.decode(), flags=re.DOTALL)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 @pytest.fixture

@@ -1,24 +1,12 @@
 """API test helpers: a token for a persona, and a client that sends it the way a script does."""
 
-import uuid
 
 import pytest
 from django.core.cache import caches
-from django.core.management import call_command
 from django.test import Client
 
 from portal.api import services
-from portal.credits import services as credits
 from provisioning.drivers import fake
-
-HOUR = 3600
-
-
-@pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    # The per-token rate limit counts in the "ratelimit" DatabaseCache, whose table no migration creates.
-    with django_db_blocker.unblock():
-        call_command("createcachetable", verbosity=0)
 
 
 @pytest.fixture(autouse=True)
@@ -27,11 +15,10 @@ def _fresh_rate_limits(db):
 
 
 @pytest.fixture(autouse=True)
-def fake_cloud(settings):
-    """Launches use the fake driver (no Docker), as in tests/instances/test_launch.py."""
-    settings.DEVCLOUD_DRIVER = "fake"
+def launches_on_the_fake_cloud(cloud, settings):
+    """Launches use the fake driver (no Docker) and need 15 minutes of credit, as in
+    tests/instances/test_launch.py."""
     settings.LAUNCH_MIN_CREDIT_MINUTES = 15
-    return fake.install()
 
 
 class TokenClient:
@@ -60,16 +47,6 @@ def token_for(user, *, scope="launch", days=30, name="script") -> tuple:
     """(ApiToken, TokenClient) for `user`."""
     token, text = services.token_create(user=user, name=name, scope=scope, days=days)
     return token, TokenClient(text)
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
 
 
 @pytest.fixture

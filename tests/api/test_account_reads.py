@@ -3,7 +3,9 @@
 import pytest
 from django.utils import timezone
 
-from .conftest import give, token_for
+from tests.conftest import give
+
+from .conftest import token_for
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,9 @@ from django.db import connection
 
 from portal.api import services
 from portal.instances.models import Instance
+from tests.conftest import give
 
-from .conftest import give, token_for
+from .conftest import token_for
 
 URL = "/api/v1/instances"
 

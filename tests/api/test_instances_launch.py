@@ -8,8 +8,9 @@ from django.utils import timezone
 
 from portal.credits.models import LedgerEntry
 from portal.instances.models import Instance
+from tests.conftest import give
 
-from .conftest import assert_problem, give, token_for
+from .conftest import assert_problem, token_for
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/instances"

@@ -6,8 +6,9 @@ import pytest
 from portal.instances import services
 from portal.instances.models import Instance
 from provisioning.drivers import fake
+from tests.conftest import give
 
-from .conftest import assert_problem, give, token_for
+from .conftest import assert_problem, token_for
 
 pytestmark = pytest.mark.django_db
 

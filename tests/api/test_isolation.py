@@ -8,8 +8,9 @@ import pytest
 from portal.accounts import services as account_services
 from portal.instances.models import Instance
 from provisioning.drivers import fake
+from tests.conftest import give
 
-from .conftest import assert_problem, give, token_for
+from .conftest import assert_problem, token_for
 
 pytestmark = pytest.mark.django_db
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl bob@laptop"

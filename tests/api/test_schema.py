@@ -19,8 +19,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from portal.wsgi import application
+from tests.conftest import give
 
-from .conftest import give, token_for
+from .conftest import token_for
 
 pytestmark = pytest.mark.django_db
 

@@ -4,8 +4,9 @@ import pytest
 from django.test import Client
 
 from portal.instances.models import Instance
+from tests.conftest import give
 
-from .conftest import assert_problem, give
+from .conftest import assert_problem
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from portal.instances.models import Image
 from provisioning import services as hosts
 from provisioning.inventory import read_inventory
 from provisioning.models import GpuHost
-from tests.provisioning.conftest import KFD_FIXTURES, make_kfd_dev_root
+from tests.conftest import KFD_FIXTURES, make_kfd_dev_root
 from tests.support.docker_instances import LOCAL_ENGINE, remove_portal_objects
 from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
 from tests.support.smtp import CollectingHandler, free_port, smtp_server

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 from django.core.cache import caches
-from django.core.management import call_command
 
 from portal.api import services
 from provisioning.drivers import fake
-from tests.api.conftest import give
+from tests.conftest import give
 
 # The SSH tests' real gateway process, containers and OpenSSH client, for `devcloud ssh` run for real.
 from tests.sshgateway.conftest import (  # noqa: F401  (fixtures, used by name)
@@ -28,12 +27,6 @@ from tests.support.docker_instances import docker_portal_fixture  # noqa: F401  
 from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def django_db_setup(django_db_setup, django_db_blocker):
-    with django_db_blocker.unblock():
-        call_command("createcachetable", verbosity=0)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from portal.instances.models import Instance
-from tests.api.conftest import give
+from tests.conftest import give
 
 OK, REFUSED, USAGE, AUTH, CREDIT, SERVER = 0, 1, 2, 3, 4, 5
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop\n"

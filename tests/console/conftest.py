@@ -5,17 +5,9 @@ from datetime import timedelta
 from unittest import mock
 
 import pytest
-from django.test import Client
 
 from portal.instances.models import Image, Instance
 from provisioning.models import Gpu, GpuAllocation, GpuHost
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
 
 
 @pytest.fixture

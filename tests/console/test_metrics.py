@@ -190,13 +190,11 @@ def test_it_counts_what_the_reconciler_repaired(token, fleet, settings):
 
 
 @pytest.fixture
-def cloud(settings, db):
-    settings.DEVCLOUD_DRIVER = "fake"
+def gpu_01_with_cpu_image(cloud, settings, db):
+    """On the fake cloud: host gpu-01 with 8 GPUs and the CPU image, and 20 s for a lab to become ready."""
     settings.READY_TIMEOUT_SECONDS = 20
-    cloud = fake.install()
     fake.make_host("gpu-01", gpus=8)
     fake.make_image("cpu")
-    return cloud
 
 
 def launched(user):
@@ -211,7 +209,7 @@ def launched(user):
     return instance
 
 
-def test_it_times_each_phase_of_a_launch_that_became_ready(alice, cloud):
+def test_it_times_each_phase_of_a_launch_that_became_ready(alice, cloud, gpu_01_with_cpu_image):
     before = {
         phase: counted("devcloud_launch_duration_seconds_count", phase=phase)
         for phase in ("queued", "slot", "start", "ready", "total")
@@ -237,7 +235,7 @@ def test_it_times_each_phase_of_a_launch_that_became_ready(alice, cloud):
         ({"permanent_start_error": "No such image."}, "start_refused"),
     ],
 )
-def test_it_counts_failed_launches_by_reason(alice, cloud, settings, behaviour, reason):
+def test_it_counts_failed_launches_by_reason(alice, cloud, gpu_01_with_cpu_image, settings, behaviour, reason):
     settings.READY_TIMEOUT_SECONDS = 1
     cloud.behave(**behaviour)
     before = counted("devcloud_launch_failures_total", reason=reason)

@@ -1,31 +1,19 @@
 """Helpers for the credit tests. Personas come from tests/conftest.py."""
 
-import uuid
-
 import pytest
 from django.test import Client
 
-from portal.credits import services
 from portal.credits.models import BonusProgram, LedgerEntry
-
-from ..conftest import make_user
 
 HOUR = 3600
 
 
-def give(user, gpu_hours, reason="Test credit", actor=None):
-    """Put `gpu_hours` on the user's balance through the ledger, as an operator would."""
-    return services.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason=reason,
-        actor=actor,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
 def entries_of(user):
     return LedgerEntry.objects.filter(account__user=user)
+
+
+def shown_messages(response):
+    return [str(message) for message in response.context["messages"]]
 
 
 @pytest.fixture(autouse=True)
@@ -42,17 +30,8 @@ def rocm_star(db):
 
 
 @pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
-
-
-@pytest.fixture
-def bob_client(bob):
-    client = Client()
-    client.force_login(bob)
-    return client
+def hackathon(db):
+    return BonusProgram.objects.create(name="MI300X hackathon", slug="hackathon", max_gpu_seconds=30 * HOUR)
 
 
 @pytest.fixture
@@ -60,12 +39,3 @@ def charlie_client(charlie):
     client = Client()
     client.force_login(charlie)
     return client
-
-
-@pytest.fixture
-def oscar(db):
-    """Staff, but with no permissions on credits: may open the console, may not change credits."""
-    oscar = make_user("oscar@ops.example.com", first_name="Oscar")
-    oscar.is_staff = True
-    oscar.save(update_fields=["is_staff"])
-    return oscar

@@ -6,10 +6,7 @@ from pytest_django.asserts import assertContains, assertNotContains
 
 from portal.credits import services
 from portal.credits.models import BonusApplication, LedgerEntry
-
-from .conftest import give
-
-HOUR = 3600
+from tests.conftest import give
 
 
 @pytest.fixture

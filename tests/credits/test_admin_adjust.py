@@ -7,8 +7,9 @@ from django.test import Client
 from pytest_django.asserts import assertContains, assertRedirects
 
 from portal.credits.models import CreditAccount
+from tests.conftest import give
 
-from .conftest import entries_of, give
+from .conftest import entries_of, shown_messages
 
 HOUR = 3600
 
@@ -21,10 +22,6 @@ def rendered_key(client, user):
     """The idempotency key the form carries, as a browser would submit it."""
     page = client.get(adjust_url(user))
     return re.search(r'name="idempotency_key" value="([0-9a-f-]+)"', page.content.decode()).group(1)
-
-
-def shown_messages(response):
-    return [str(message) for message in response.context["messages"]]
 
 
 def balance_of(user):

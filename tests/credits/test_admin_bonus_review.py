@@ -3,9 +3,9 @@ from django.contrib.admin.models import LogEntry
 from pytest_django.asserts import assertContains, assertNotContains
 
 from portal.credits import services
-from portal.credits.models import BonusApplication, BonusProgram, CreditAccount, LedgerEntry
+from portal.credits.models import BonusApplication, CreditAccount, LedgerEntry
 
-from .conftest import entries_of
+from .conftest import entries_of, shown_messages
 
 HOUR = 3600
 
@@ -26,18 +26,9 @@ def reject(client, application, reason):
     return client.post(review_url(application), {"reject-reason": reason, "_reject": "Reject"}, follow=True)
 
 
-def shown_messages(response):
-    return [str(message) for message in response.context["messages"]]
-
-
 @pytest.fixture
 def application(alice, rocm_star):
     return services.bonus_apply(user=alice, program=rocm_star, evidence="https://certs.example.com/rocm/42")
-
-
-@pytest.fixture
-def hackathon(db):
-    return BonusProgram.objects.create(name="MI300X hackathon", slug="hackathon", max_gpu_seconds=30 * HOUR)
 
 
 def test_it_lists_applications_filtered_by_status_and_program(olivia_client, application, bob, hackathon):

@@ -2,8 +2,7 @@ from pytest_django.asserts import assertContains, assertNotContains
 
 from portal.credits import services
 from portal.credits.models import LedgerEntry
-
-from .conftest import give
+from tests.conftest import give
 
 
 def rows(response):

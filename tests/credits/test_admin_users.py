@@ -4,9 +4,9 @@ from social_django.models import UserSocialAuth
 
 from portal.accounts.models import User
 from portal.credits import services
+from tests.conftest import give
 
 from ..conftest import PASSWORD
-from .conftest import give
 
 
 def user_rows(response):

@@ -11,21 +11,17 @@ from pytest_django.asserts import assertContains, assertNotContains
 from social_django.models import UserSocialAuth
 
 from portal.credits import services
-from portal.credits.models import BonusApplication, BonusProgram, CreditAccount, IssuedCertificate
+from portal.credits.models import BonusApplication, CreditAccount, IssuedCertificate
 from portal.instances.models import Instance, LaunchPolicy
 from provisioning.drivers import fake
 
 from ..conftest import make_user
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 IMPORT_URL = "/admin/credits/certificateimport/add/"
 LISTED_ID = "ROCM-STAR-0042"
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture
@@ -40,11 +36,6 @@ def launchable(db, rocm_star):
 @pytest.fixture
 def mallory(db):
     return make_user("mallory@example.net", first_name="Mallory")
-
-
-@pytest.fixture
-def hackathon(db):
-    return BonusProgram.objects.create(name="MI300X hackathon", slug="hackathon", max_gpu_seconds=30 * HOUR)
 
 
 def browser_of(user) -> Client:

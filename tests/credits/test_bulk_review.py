@@ -7,8 +7,10 @@ from pytest_django.asserts import assertContains, assertNotContains
 from portal.audit.models import AuditEntry
 from portal.credits import services
 from portal.credits.models import BonusApplication, CreditAccount
+from tests.conftest import mails_to
 
 from ..conftest import make_user
+from .conftest import shown_messages
 
 HOUR = 3600
 QUEUE_URL = "/admin/credits/bonusapplication/"
@@ -40,14 +42,6 @@ def confirm_reject(applications, reason):
         "bulk-reason": reason,
         "_confirm_reject": "Reject",
     }
-
-
-def shown_messages(response):
-    return [str(message) for message in response.context["messages"]]
-
-
-def mails_to(outbox, user):
-    return [message for message in outbox if message.to == [user.email]]
 
 
 def statuses(applications):

@@ -20,8 +20,10 @@ from portal.credits.models import (
     LedgerEntry,
     certificate_id_in_evidence,
 )
+from tests.conftest import mails_to
 
 from ..conftest import make_user
+from .conftest import shown_messages
 
 HOUR = 3600
 IMPORT_URL = "/admin/credits/certificateimport/add/"
@@ -49,24 +51,11 @@ def dave(db):
     return make_user("dave@example.com", first_name="Dave")
 
 
-@pytest.fixture
-def hackathon(db):
-    return BonusProgram.objects.create(name="MI300X hackathon", slug="hackathon", max_gpu_seconds=30 * HOUR)
-
-
 def upload(client, program, content: bytes, name="rocm-star.csv", note="", trust_bare_ids=False):
     data = {"program": program.pk, "file": SimpleUploadedFile(name, content, content_type="text/csv"), "note": note}
     if trust_bare_ids:
         data["trust_bare_ids"] = "on"
     return client.post(IMPORT_URL, data, follow=True)
-
-
-def shown_messages(response):
-    return [str(message) for message in response.context["messages"]]
-
-
-def mails_to(outbox, user):
-    return [message for message in outbox if message.to == [user.email]]
 
 
 def bonus_of(user):

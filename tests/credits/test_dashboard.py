@@ -4,8 +4,9 @@ from pytest_django.asserts import assertContains, assertNotContains
 
 from portal.credits import services
 from portal.credits.models import BonusApplication, CreditAccount
+from tests.conftest import give
 
-from .conftest import HOUR, give
+from .conftest import HOUR
 
 
 def test_it_shows_the_signup_grant_in_balance_and_history(alice, alice_client):

@@ -6,15 +6,12 @@ from django.db import transaction
 
 from portal.credits import services
 from portal.notifications.models import Notification
+from tests.conftest import mails_to
 
 
 @pytest.fixture
 def application(alice, rocm_star):
     return services.bonus_apply(user=alice, program=rocm_star, evidence="ROCM-STAR-0042")
-
-
-def mails_to(outbox, user):
-    return [message for message in outbox if message.to == [user.email]]
 
 
 def test_it_emails_the_hours_granted_once_the_approval_commits(

@@ -3,8 +3,7 @@
 from pytest_django.asserts import assertContains, assertNotContains
 
 from portal.credits.selectors import DASHBOARD_LEDGER_ROWS, HISTORY_PAGE_ROWS
-
-from .conftest import give
+from tests.conftest import give
 
 
 def _ledger(response) -> str:

@@ -5,8 +5,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import ProtectedError
 
 from portal.credits.models import CreditAccount, LedgerEntry
-
-from .conftest import give
+from tests.conftest import give
 
 
 def row(entry_id):

@@ -14,6 +14,8 @@ from portal.instances.models import Instance
 from provisioning.drivers import fake
 from tests.support.race import at_once
 
+pytestmark = pytest.mark.usefixtures("cloud", "meter_ticks_every_minute")
+
 T0 = timezone.make_aware(timezone.datetime(2026, 3, 1, 12, 0, 0))
 NOW = T0 + timedelta(minutes=3)
 HOUR = 3600
@@ -21,13 +23,6 @@ HOUR = 3600
 
 class _Undo(Exception):
     pass
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    settings.METER_TICK_SECONDS = 60
-    return fake.install()
 
 
 def owner(name: str, gpu_seconds: int) -> User:

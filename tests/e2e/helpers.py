@@ -17,29 +17,17 @@ import httpx
 from django.db.models import Sum
 from django.utils import timezone
 
-from portal.credits import services as credits
 from portal.credits.models import LedgerEntry
 from portal.instances.models import Instance
 from provisioning import services as hosts
 from provisioning.drivers.docker import container_name
 from provisioning.models import GpuAllocation, GpuHost
+from tests.conftest import KFD_FIXTURES, make_kfd_dev_root
 from tests.gateway.helpers import browser, free_port, lab_url, ws_connect
-from tests.provisioning.conftest import KFD_FIXTURES, make_kfd_dev_root
 from tests.support.docker_instances import LOCAL_ENGINE, docker_client
 
-HOUR = 3600
 KFD_8GPU = KFD_FIXTURES / "mi300x-8gpu"
 DOCKER_SOCKET = "/var/run/docker.sock"
-
-
-def give(user, gpu_hours: float) -> None:
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
 
 
 def stand_in_dev_root(path):

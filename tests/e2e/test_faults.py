@@ -19,11 +19,11 @@ from django.utils import timezone
 
 from portal.credits.models import LedgerEntry
 from portal.credits.selectors import balance_for
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
-from provisioning.models import GpuAllocation
 from portal.instances.tasks import provision_instance
+from provisioning.models import GpuAllocation
+from tests.conftest import give
 from tests.support.worker import current_database_url
 
 from .conftest import Cloud, publishing
@@ -32,7 +32,6 @@ from .helpers import (
     ThrowawayRedis,
     assert_consistent,
     containers_of,
-    give,
     live_minors,
     register_host,
     state_of,

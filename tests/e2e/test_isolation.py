@@ -5,12 +5,12 @@ by hand, with docker inspect of every hardening setting; this is the path a laun
 import pytest
 
 from portal.accounts.models import User
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
+from tests.conftest import give
 from tests.support.docker_instances import exec_in
 
-from .helpers import containers_of, give, live_minors, register_host
+from .helpers import containers_of, live_minors, register_host
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120, func_only=True)]
 

@@ -7,14 +7,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.credits.selectors import balance_for
-from portal.instances.models import Instance
 from portal.instances import lifecycle
+from portal.instances.models import Instance
+from tests.conftest import give
 from tests.gateway.helpers import browser, session_cookie_for
 
 from .helpers import (
     containers_of,
     gateway_status,
-    give,
     live_minors,
     register_host,
     run_in_kernel,

@@ -23,12 +23,6 @@ print("dri:", ",".join(sorted(os.listdir("/dev/dri"))))
 """
 
 
-@pytest.fixture(scope="module")
-def image(fleet, fleet_cpu_image):
-    fleet.pull_on_all(fleet_cpu_image)
-    return fleet_cpu_image
-
-
 @pytest.fixture(params=[0, 1], ids=["host-1", "host-2"])
 def host(fleet, request):
     return fleet.hosts[request.param]

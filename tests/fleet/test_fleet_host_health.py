@@ -30,12 +30,6 @@ BEAT_SECONDS = 1
 MISSED_BEATS = 2
 
 
-@pytest.fixture(scope="module")
-def image(fleet, fleet_cpu_image):
-    fleet.pull_on_all(fleet_cpu_image)
-    return fleet_cpu_image
-
-
 @pytest.fixture
 def portal(fleet, settings):
     """A portal id of this test's own; what it left on the fleet's engines is removed afterwards."""

@@ -20,12 +20,6 @@ except OSError as error:
 """
 
 
-@pytest.fixture(scope="module")
-def image(fleet, fleet_cpu_image):
-    fleet.pull_on_all(fleet_cpu_image)
-    return fleet_cpu_image
-
-
 @pytest.fixture
 def container(fleet, image):
     """Factory: container(host, *command, ports=...) starts one as uid 1000 on an instance-like bridge

@@ -27,13 +27,6 @@ LAUNCHES = 30
 USERS = 10
 
 
-@pytest.fixture(scope="module")
-def image(fleet, fleet_cpu_image):
-    # Discovery runs its helper in the CPU image on each host.
-    fleet.pull_on_all(fleet_cpu_image)
-    return fleet_cpu_image
-
-
 @pytest.fixture
 def registered(transactional_db, fleet, image, settings):
     settings.DEVCLOUD_PORTAL_ID = f"test-place-{uuid.uuid4().hex[:8]}"

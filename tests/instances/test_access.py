@@ -4,7 +4,6 @@ does not exist, and a logged-out browser is sent to the login page."""
 import uuid
 
 import pytest
-from django.test import Client
 from django.urls import reverse
 
 from portal.instances.models import Instance
@@ -24,13 +23,6 @@ def views(instance_id):
         ("get", reverse("instances:status", args=[instance_id])),
         ("post", reverse("instances:stop", args=[instance_id])),
     ]
-
-
-@pytest.fixture
-def bob_client(bob):
-    client = Client()
-    client.force_login(bob)
-    return client
 
 
 def test_bob_gets_404_on_every_view_of_alices_instance(bob_client, alices):

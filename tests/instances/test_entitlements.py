@@ -3,7 +3,6 @@ launch, the live-instance limit, and the operators' launch policy page with its 
 refusal is checked twice: in the service, and on the launch page before anyone clicks."""
 
 import re
-import uuid
 
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -17,18 +16,15 @@ from portal.credits.models import BonusProgram
 from portal.instances import entitlements, services
 from portal.instances.models import Instance, LaunchPolicy
 from provisioning.drivers import fake
+from tests.conftest import give, text
+
+pytestmark = pytest.mark.usefixtures("cloud")
 
 HOUR = 3600
 REFUSED_8X = (
     "8x MI300X opens once an operator approves one of your bonus-hour applications: "
     "apply through the ROCm Star developer certificate program."
 )
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture
@@ -52,28 +48,6 @@ def policy(db, rocm_star):
     LaunchPolicy.current()
     LaunchPolicy.objects.update(free_sizes=["1x"], bonus_sizes=["8x"], max_live_instances=4)
     return LaunchPolicy.current()
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    browser = Client()
-    browser.force_login(olivia)
-    return browser
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
-def text(response) -> str:
-    html = re.sub(r"<(script|style).*?</\1>", " ", response.content.decode(), flags=re.DOTALL)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 def launch_page(user):

@@ -19,15 +19,15 @@ from provisioning import scheduler
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation, GpuHost
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
 
 
 @pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def heartbeat_every_15s_down_after_3_missed(settings):
     settings.HOST_HEARTBEAT_SECONDS = 15
     settings.HOST_DOWN_AFTER_MISSED_BEATS = 3
-    return fake.install()
 
 
 @pytest.fixture

@@ -9,28 +9,14 @@ from django.urls import reverse
 
 from portal.audit.models import AuditEntry
 from portal.credits import services as credits
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
 from provisioning.drivers import fake
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
 CHANGELIST_URL = "/admin/instances/instance/"
 REASON = "This instance was mining cryptocurrency, which the terms of use forbid."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from portal.credits import services as credits
 from portal.instances import lifecycle, services
 from provisioning.drivers import driver_for
 from provisioning.drivers.docker import container_name
-from tests.provisioning.conftest import MI300X_RENDER_MINORS, make_kfd_dev_root
+from tests.conftest import MI300X_RENDER_MINORS, make_kfd_dev_root
 from tests.support.docker_instances import (
     docker_client,
     docker_portal_fixture,  # noqa: F401  (registers the docker_portal fixture)

@@ -1,7 +1,6 @@
 """instance_launch: who may launch what, the credit check (also under concurrency), and a broker outage."""
 
 import threading
-import uuid
 
 import kombu.pools
 import pytest
@@ -10,12 +9,14 @@ from django.db import connection
 from django.utils import timezone
 
 from portal.accounts.models import User
-from portal.credits import services as credits
-from portal.credits.models import CreditAccount, LedgerEntry
+from portal.credits.models import LedgerEntry
 from portal.instances import services
 from portal.instances.models import Instance
 from provisioning.drivers import fake
+from tests.conftest import balance, give
 from tests.support.worker import celery_publishing_to, unique_queue
+
+pytestmark = pytest.mark.usefixtures("cloud")
 
 
 @pytest.fixture
@@ -30,25 +31,9 @@ def kombu_pools_reset():
 HOUR = 3600
 
 
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
-def balance(user) -> int:
-    return CreditAccount.objects.get(user=user).balance_gpu_seconds
-
-
 @pytest.fixture(autouse=True)
-def fake_cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def launch_needs_15_credit_minutes(settings):
     settings.LAUNCH_MIN_CREDIT_MINUTES = 15
-    return fake.install()
 
 
 @pytest.fixture

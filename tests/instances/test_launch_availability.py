@@ -15,13 +15,7 @@ from portal.instances.models import Instance
 from provisioning.drivers import fake
 from provisioning.models import GpuHost, HostImage, ImageJob
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fake_cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
 
 @pytest.fixture

@@ -12,19 +12,14 @@ from django.utils import timezone
 
 from portal.credits import services as credits
 from portal.credits.selectors import balance_for
-from portal.instances import services
+from portal.instances import lifecycle, limits, services, tasks
 from portal.instances.models import Instance, LaunchPolicy
 from portal.notifications.models import Notification
-from portal.instances import lifecycle, limits, tasks
 from provisioning.drivers import fake
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture(autouse=True)

@@ -12,16 +12,18 @@ from portal.accounts.models import User
 from portal.credits import metering
 from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
 from provisioning.drivers import fake
+from tests.conftest import balance
+
+pytestmark = pytest.mark.usefixtures("cloud", "meter_ticks_every_minute")
 
 HOUR = 3600
 T0 = timezone.make_aware(timezone.datetime(2026, 3, 1, 12, 0, 0))
 
 
-def give(user, gpu_seconds):
+def give_gpu_seconds(user, gpu_seconds):
     credits.credits_adjust(
         user=user,
         gpu_seconds=gpu_seconds,
@@ -31,19 +33,8 @@ def give(user, gpu_seconds):
     )
 
 
-def balance(user) -> int:
-    return CreditAccount.objects.get(user=user).balance_gpu_seconds
-
-
 def usage(user):
     return LedgerEntry.objects.filter(account__user=user, kind=LedgerEntry.Kind.USAGE).order_by("id")
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    settings.METER_TICK_SECONDS = 60
-    return fake.install()
 
 
 @pytest.fixture
@@ -71,7 +62,7 @@ def running(image):
 
 
 def test_it_charges_gpus_times_ready_seconds(alice, running):
-    give(alice, 25 * HOUR)
+    give_gpu_seconds(alice, 25 * HOUR)
     one, eight = running(alice, "1x"), running(alice, "8x")
 
     result = metering.meter_tick(T0 + timedelta(seconds=60))
@@ -89,7 +80,7 @@ def test_it_charges_gpus_times_ready_seconds(alice, running):
 
 
 def test_it_charges_each_period_once(alice, running):
-    give(alice, 25 * HOUR)
+    give_gpu_seconds(alice, 25 * HOUR)
     instance = running(alice)
 
     metering.meter_tick(T0 + timedelta(seconds=60))
@@ -102,7 +93,7 @@ def test_it_charges_each_period_once(alice, running):
 
 
 def test_it_carries_part_seconds_to_the_next_tick_so_the_total_is_exact(alice, running):
-    give(alice, 25 * HOUR)
+    give_gpu_seconds(alice, 25 * HOUR)
     instance = running(alice)
 
     for seconds in (59.7, 120.2, 181.9, 3600.5):
@@ -115,7 +106,7 @@ def test_it_carries_part_seconds_to_the_next_tick_so_the_total_is_exact(alice, r
 
 
 def test_it_charges_nothing_before_ready_nor_for_instances_that_are_not_running(alice, image):
-    give(alice, 25 * HOUR)
+    give_gpu_seconds(alice, 25 * HOUR)
     for state in (
         Instance.State.QUEUED,
         Instance.State.PROVISIONING,
@@ -129,7 +120,7 @@ def test_it_charges_nothing_before_ready_nor_for_instances_that_are_not_running(
 
 
 def test_it_stops_an_instance_when_the_balance_reaches_zero(alice, running, cloud):
-    give(alice, 30)
+    give_gpu_seconds(alice, 30)
     instance = running(alice)
 
     result = lifecycle.meter_tick(T0 + timedelta(seconds=60))
@@ -144,7 +135,7 @@ def test_it_stops_an_instance_when_the_balance_reaches_zero(alice, running, clou
 
 
 def test_the_balance_never_goes_below_minus_one_tick_even_when_beat_was_late(alice, running):
-    give(alice, 30)
+    give_gpu_seconds(alice, 30)
     instance = running(alice, "8x")
 
     result = metering.meter_tick(T0 + timedelta(minutes=10))
@@ -158,7 +149,7 @@ def test_the_balance_never_goes_below_minus_one_tick_even_when_beat_was_late(ali
 
 
 def test_the_floor_counts_all_the_owners_running_gpus(alice, running):
-    give(alice, 100)
+    give_gpu_seconds(alice, 100)
     running(alice, "1x"), running(alice, "1x")
 
     metering.meter_tick(T0 + timedelta(minutes=30))
@@ -167,8 +158,8 @@ def test_the_floor_counts_all_the_owners_running_gpus(alice, running):
 
 
 def test_it_stops_every_live_instance_of_an_owner_who_ran_out(alice, bob, running, image):
-    give(alice, 30)
-    give(bob, 25 * HOUR)
+    give_gpu_seconds(alice, 30)
+    give_gpu_seconds(bob, 25 * HOUR)
     alices = running(alice)
     queued = Instance.objects.create(user=alice, size="1x", image=image)
     provisioning = Instance.objects.create(
@@ -185,7 +176,7 @@ def test_it_stops_every_live_instance_of_an_owner_who_ran_out(alice, bob, runnin
 
 
 def test_stopping_charges_the_rest_up_to_the_stop(alice, running):
-    give(alice, 25 * HOUR)
+    give_gpu_seconds(alice, 25 * HOUR)
     ready_at = timezone.now() - timedelta(seconds=90)
     instance = running(alice, "8x", ready_at=ready_at)
     metering.meter_tick(ready_at + timedelta(seconds=60))
@@ -203,7 +194,7 @@ def test_stopping_charges_the_rest_up_to_the_stop(alice, running):
 
 
 def test_teardown_charges_a_stop_that_bypassed_the_stop_service(alice, running):
-    give(alice, 25 * HOUR)
+    give_gpu_seconds(alice, 25 * HOUR)
     instance = running(alice)
     # e.g. an operator's raw update: billing must still end exactly when stopping began.
     Instance.objects.filter(pk=instance.pk).update(
@@ -217,7 +208,7 @@ def test_teardown_charges_a_stop_that_bypassed_the_stop_service(alice, running):
 
 
 def test_a_failed_instance_costs_nothing(alice, image):
-    give(alice, 25 * HOUR)
+    give_gpu_seconds(alice, 25 * HOUR)
     Instance.objects.create(
         user=alice, size="8x", image=image, state=Instance.State.FAILED, provisioning_at=T0
     )
@@ -233,7 +224,7 @@ def owner(email):
 def test_it_charges_many_owners_in_batches_without_splitting_an_owner(db, image, running):
     users = [owner(f"user{n}@example.com") for n in range(7)]
     for user in users:
-        give(user, 25 * HOUR)
+        give_gpu_seconds(user, 25 * HOUR)
         for _ in range(3):
             running(user)
 
@@ -253,7 +244,7 @@ def test_a_tick_runs_a_fixed_number_of_queries_however_many_instances_run(db, im
     def tick_queries(owners, at):
         for n in range(owners):
             user = owner(f"owner{at.second}-{n}@example.com")
-            give(user, 25 * HOUR)
+            give_gpu_seconds(user, 25 * HOUR)
             running(user, ready_at=at)
         with CaptureQueriesContext(connection) as captured:
             metering.meter_tick(at + timedelta(seconds=60))
@@ -268,7 +259,7 @@ def test_a_tick_runs_a_fixed_number_of_queries_however_many_instances_run(db, im
 def test_an_owner_without_a_credit_account_is_charged_into_a_new_one_and_stopped(db, image, running):
     # Such an owner could not have launched through the portal; the instance must not run free.
     paying, stray = owner("paying@example.com"), owner("stray@example.com")
-    give(paying, 25 * HOUR)
+    give_gpu_seconds(paying, 25 * HOUR)
     running(paying)
     stray_instance = running(stray)
     CreditAccount.objects.filter(user=stray).delete()

@@ -9,20 +9,15 @@ from django.urls import reverse
 
 from portal.audit.models import AuditEntry
 from portal.credits import services as credits
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
 from provisioning.drivers import fake
 from tests.conftest import make_staff
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 CHANGELIST_URL = "/admin/instances/instance/"
 REASON = "Mining cryptocurrency, which the terms forbid."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

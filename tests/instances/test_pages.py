@@ -2,7 +2,6 @@
 the live progress JSON the instance page polls."""
 
 import re
-import uuid
 
 import kombu.pools
 import pytest
@@ -11,11 +10,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import User
-from portal.credits import services as credits
-from portal.instances.models import Instance
 from portal.instances import lifecycle
+from portal.instances.models import Instance
 from provisioning.drivers import fake
+from tests.conftest import give, text
 from tests.support.worker import celery_publishing_to, unique_queue
+
+pytestmark = pytest.mark.usefixtures("cloud")
 
 
 @pytest.fixture
@@ -25,31 +26,6 @@ def kombu_pools_reset():
     # "Acquire on closed pool". Dropping every pool afterwards lets the next publish build fresh ones.
     yield
     kombu.pools.reset()
-
-
-HOUR = 3600
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
-
-
-def text(response) -> str:
-    """The page's visible text, whitespace collapsed."""
-    html = re.sub(r"<(script|style).*?</\1>", " ", response.content.decode(), flags=re.DOTALL)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

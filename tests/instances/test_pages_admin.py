@@ -5,27 +5,14 @@ import uuid
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.test import Client
 from django.urls import reverse
 
 from portal.credits import services as credits
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Image, Instance
-from portal.instances import lifecycle
 from provisioning.drivers import fake
 
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
+pytestmark = pytest.mark.usefixtures("cloud")
 
 
 @pytest.fixture

@@ -8,19 +8,14 @@ from django.http import Http404
 
 from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

@@ -18,13 +18,9 @@ from portal.instances.selectors import stop_reason_text
 from portal.instances.stop_reasons import StopReason
 from provisioning.drivers import fake
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import uuid
 
 import pytest
 from django.db import connection
-from django.test import Client
 
 from portal.credits import services as credit_services
 from portal.credits.models import LedgerEntry
@@ -13,20 +12,6 @@ from portal.credits.selectors import balance_for
 from portal.instances.models import Image, Instance
 
 HOUR = 3600
-
-
-@pytest.fixture
-def bob_client(bob):
-    browser = Client()
-    browser.force_login(bob)
-    return browser
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    browser = Client()
-    browser.force_login(olivia)
-    return browser
 
 
 @pytest.fixture
@@ -40,17 +25,6 @@ def image(db):
 
 def make_instance(user, image, *, size="1x", **fields):
     return Instance.objects.create(user=user, image=image, size=size, **fields)
-
-
-def give(user, gpu_hours):
-    """Credit `gpu_hours` through the ledger, as an operator grant would. Returns the entry."""
-    return credit_services.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
 
 
 def spend_to(user, balance_gpu_seconds):
@@ -93,5 +67,3 @@ def run_together(workers):
     return results
 
 
-def mails_to(outbox, user):
-    return [message for message in outbox if message.to == [user.email]]

@@ -2,7 +2,6 @@
 went out, and cannot add, edit or delete that record."""
 
 import pytest
-from django.test import Client
 
 from portal.notifications.models import Kind, Notification
 
@@ -21,13 +20,6 @@ def notification(alice):
         email_attempts=2,
         email_error="ConnectionRefusedError: [Errno 111] Connection refused",
     )
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    browser = Client()
-    browser.force_login(olivia)
-    return browser
 
 
 def test_it_lists_notifications_with_their_email_state(olivia_client, notification):

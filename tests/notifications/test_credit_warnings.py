@@ -6,8 +6,9 @@ import pytest
 from portal.credits.selectors import balance_for
 from portal.notifications import services
 from portal.notifications.models import Kind, Notification
+from tests.conftest import give, mails_to
 
-from .conftest import HOUR, give, mails_to, spend_to
+from .conftest import HOUR, spend_to
 
 pytestmark = pytest.mark.django_db
 

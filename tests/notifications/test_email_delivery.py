@@ -13,10 +13,9 @@ from django.test import override_settings
 
 from portal.notifications import services, tasks
 from portal.notifications.models import Kind, Notification
+from tests.conftest import mails_to
 from tests.support.smtp import free_port, smtp_server
 from tests.support.worker import celery_publishing_to, celery_worker, redis_url, unique_queue
-
-from .conftest import mails_to
 
 SUSPENDED = {"reason": "Crypto mining is not allowed."}
 # Redis database index used by the notification tests only.

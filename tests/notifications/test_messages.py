@@ -9,8 +9,9 @@ from portal.credits.models import BonusProgram
 from portal.notifications import services
 from portal.notifications.models import Kind
 from portal.notifications.services import StopReason
+from tests.conftest import give, mails_to
 
-from .conftest import give, mails_to, make_instance, spend_to
+from .conftest import make_instance, spend_to
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,9 @@ from portal.accounts.services import account_delete
 from portal.notifications import services
 from portal.notifications.models import EmailOptOut, Kind, Notification
 from portal.notifications.services import StopReason
+from tests.conftest import mails_to
 
-from .conftest import mails_to, make_instance
+from .conftest import make_instance
 
 pytestmark = pytest.mark.django_db
 

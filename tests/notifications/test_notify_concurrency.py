@@ -12,9 +12,10 @@ from django.db import transaction
 
 from portal.notifications import services, tasks
 from portal.notifications.models import Kind, Notification
+from tests.conftest import mails_to
 
 from ..conftest import make_user
-from .conftest import mails_to, run_together
+from .conftest import run_together
 
 # Transactional: the threads commit on their own connections (tests/conftest.py re-seeds the programs).
 pytestmark = pytest.mark.django_db(transaction=True)

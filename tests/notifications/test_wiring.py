@@ -7,25 +7,17 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from portal.instances import lifecycle
 from portal.instances.models import Instance
 from portal.notifications.models import Kind, Notification
-from portal.instances import lifecycle
 from provisioning.drivers import fake
+from tests.conftest import give, mails_to
 
-from .conftest import give, mails_to
-
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud", "meter_ticks_every_minute")]
 
 T0 = timezone.now().replace(microsecond=0) - timedelta(days=1)
 ONE_HOUR_LEFT = "About 1 hour of GPU credit left on DevCloud"
 TEN_MINUTES_LEFT = "About 10 minutes of GPU credit left: your instances stop soon"
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    settings.METER_TICK_SECONDS = 60
-    return fake.install()
 
 
 @pytest.fixture

@@ -1,38 +1,22 @@
-"""Provisioning fixtures: KFD sysfs trees and a stand-in /dev (kfd_*), hosts, launches and engines (host_*).
+"""Provisioning fixtures: the 2-socket KFD sysfs tree (kfd_*), and hosts, launches and engines (host_*).
 
-Other helpers add fixtures here too; keep to the kfd_/host_ prefixes for these.
+The 8x MI300X tree, its stand-in /dev (kfd_dev_root) and the engine PKI (host_pki, host_engine_mtls) are in
+tests/conftest.py: the instance lifecycle's tests use them too. Other helpers add fixtures here too; keep to
+the kfd_/host_ prefixes for these.
 """
 
-import datetime
-import ipaddress
 import json
-import os
 import ssl
 import threading
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from portal.instances.models import Image, Instance
-from provisioning.inventory import read_inventory
-from provisioning.localhost import render_gid, standin_devices_make
+from provisioning.localhost import render_gid
 from provisioning.models import Gpu, GpuHost
-
-KFD_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kfd"
-# The render minors of both fixture hosts, as MI300X numbers them.
-MI300X_RENDER_MINORS = [128, 136, 144, 152, 160, 168, 176, 184]
-
-
-@pytest.fixture
-def kfd_sysfs_8gpu() -> Path:
-    """sysfs root of an 8x MI300X host with one CPU node (GPU nodes 1-8)."""
-    return KFD_FIXTURES / "mi300x-8gpu"
+from tests.conftest import KFD_FIXTURES, issue_certificate, key_pem, pem
 
 
 @pytest.fixture
@@ -44,38 +28,6 @@ def kfd_sysfs_2socket() -> Path:
 def render_group_gid(name: str = "render") -> int:
     """gid of the `render` group, created if missing ("video" when it cannot be)."""
     return render_gid()
-
-
-@dataclass(frozen=True)
-class KfdDevRoot:
-    """A stand-in for a GPU host's /dev: `path` is the dev_root (it contains dev/kfd and dev/dri/)."""
-
-    path: Path
-    render_minors: list[int]
-    gid: int
-
-    def render_node(self, minor: int) -> Path:
-        return self.path / "dev" / "dri" / f"renderD{minor}"
-
-    @property
-    def kfd(self) -> Path:
-        return self.path / "dev" / "kfd"
-
-
-def make_kfd_dev_root(root: Path, render_minors, *, gid: int | None = None) -> KfdDevRoot:
-    """Create root/dev/kfd and root/dev/dri/renderD<minor> as stand-in nodes, as `make run` does (group-owned,
-    0660, /dev/null's numbers). Needs root (mknod). Returns the KfdDevRoot."""
-    gid = standin_devices_make(root, render_minors, gid=gid)
-    return KfdDevRoot(path=root, render_minors=list(render_minors), gid=gid)
-
-
-@pytest.fixture
-def kfd_dev_root(tmp_path, kfd_sysfs_8gpu) -> KfdDevRoot:
-    """A stand-in /dev for the 8x MI300X fixture host: dev/kfd plus one renderD<minor> per GPU."""
-    if os.geteuid() != 0:
-        pytest.skip("creating device nodes (mknod) needs root")
-    minors = [gpu.drm_render_minor for gpu in read_inventory(kfd_sysfs_8gpu)]
-    return make_kfd_dev_root(tmp_path / "host-dev", minors)
 
 
 @pytest.fixture
@@ -128,39 +80,6 @@ def host_queued_instance(host_image):
 
 
 # --- A Docker engine behind mutual TLS, on loopback ---------------------------------------------------
-
-
-def pem(cert):
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
-
-
-def key_pem(key):
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-
-
-def issue_certificate(subject, issuer_name, issuer_key, *, ca=False, ip=None, client=False):
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if ip:
-        names = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))])
-        builder = builder.add_extension(names, critical=False)
-    if client:
-        usage = x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH])
-        builder = builder.add_extension(usage, critical=False)
-    cert = builder.sign(issuer_key or key, hashes.SHA256())
-    return cert, key
 
 
 @pytest.fixture
@@ -226,54 +145,6 @@ def host_tls_engine(tmp_path):
 
 
 # --- The real local Docker engine behind TCP, as a remote host's engine looks to the portal ---------------
-
-
-@dataclass(frozen=True)
-class HostPki:
-    """A CA, the engine's certificate for 127.0.0.1 and the portal's client certificate, as PEM files."""
-
-    directory: Path
-    ca_cert: str
-    client_cert: str
-    client_key: str
-
-    def server_context(self, *, demand_client_certificate: bool) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.directory / "server.pem", self.directory / "server-key.pem")
-        context.load_verify_locations(self.directory / "ca.pem")
-        context.verify_mode = ssl.CERT_REQUIRED if demand_client_certificate else ssl.CERT_NONE
-        return context
-
-
-@pytest.fixture
-def host_pki(tmp_path) -> HostPki:
-    directory = tmp_path / "engine-pki"
-    directory.mkdir()
-    ca_cert, ca_key = issue_certificate("devcloud test CA", None, None, ca=True)
-    server_cert, server_key = issue_certificate("engine", ca_cert.subject, ca_key, ip="127.0.0.1")
-    client_cert, client_key = issue_certificate("portal", ca_cert.subject, ca_key, client=True)
-    (directory / "ca.pem").write_text(pem(ca_cert))
-    (directory / "server.pem").write_text(pem(server_cert))
-    (directory / "server-key.pem").write_text(key_pem(server_key))
-    return HostPki(directory, pem(ca_cert), pem(client_cert), key_pem(client_key))
-
-
-@pytest.fixture
-def host_engine_mtls(host_pki):
-    """This machine's dockerd behind mutual TLS on a loopback port: what a remote GPU host should look like.
-
-    Yields the engine settings an operator pastes into the admin (docker_url and the three PEM texts).
-    """
-    from tests.support.engine_forwarder import EngineForwarder
-
-    forwarder = EngineForwarder(tls=host_pki.server_context(demand_client_certificate=True))
-    yield {
-        "docker_url": forwarder.url,
-        "tls_ca_cert": host_pki.ca_cert,
-        "tls_client_cert": host_pki.client_cert,
-        "tls_client_key": host_pki.client_key,
-    }
-    forwarder.close()
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from provisioning.inventory import InventoryError
 from provisioning.models import Gpu, GpuAllocation, GpuHost
 from provisioning.scheduler import allocate
 from provisioning.services import HostError, HostUnreachable
-
-from .conftest import MI300X_RENDER_MINORS, issue_certificate, pem
+from tests.conftest import MI300X_RENDER_MINORS, issue_certificate, pem
 
 pytestmark = pytest.mark.django_db
 

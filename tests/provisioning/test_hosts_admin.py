@@ -15,12 +15,6 @@ ADD_URL = "/admin/provisioning/gpuhost/add/"
 CHANGELIST_URL = "/admin/provisioning/gpuhost/"
 
 
-@pytest.fixture
-def olivia_client(client, olivia):
-    client.force_login(olivia)
-    return client
-
-
 def host_form(**overrides):
     form = {
         "name": "gpu-01",

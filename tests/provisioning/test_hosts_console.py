@@ -12,33 +12,21 @@ from django.utils.html import escape
 
 from portal.audit.models import AuditEntry
 from portal.credits import services as credits
+from portal.instances import lifecycle
+from portal.instances import services as instance_services
 from portal.instances import services as instances
 from portal.instances.models import Instance
 from portal.instances.selectors import stop_reason_text
 from portal.notifications.models import Notification
-from portal.instances import lifecycle
-from portal.instances import services as instance_services
 from provisioning import scheduler, services
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation, GpuHost, ImageJob
+from tests.conftest import mails_to
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
 CHANGELIST_URL = "/admin/provisioning/gpuhost/"
 REASON = "Replacing a failed fan on gpu-01; back tomorrow."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
-
-
-@pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
 
 
 @pytest.fixture
@@ -89,10 +77,6 @@ def audit_of(action):
 
 def page_of(response) -> str:
     return response.content.decode()
-
-
-def mails_to(mailoutbox, user):
-    return [mail for mail in mailoutbox if mail.to == [user.email]]
 
 
 # --- Drain ----------------------------------------------------------------------------------------------

@@ -29,13 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 CHANGELIST_URL = "/admin/provisioning/gpuhost/"
 
 
-@pytest.fixture
-def olivia_client(olivia):
-    client = Client()
-    client.force_login(olivia)
-    return client
-
-
 def make_host(name, docker_url=LOCAL_ENGINE):
     return GpuHost.objects.create(name=name, docker_url=docker_url)
 

@@ -7,8 +7,7 @@ import stat
 import pytest
 
 from provisioning.inventory import InventoryError, read_inventory
-
-from .conftest import MI300X_RENDER_MINORS
+from tests.conftest import MI300X_RENDER_MINORS
 
 NODES = "sys/class/kfd/kfd/topology/nodes"
 

@@ -10,8 +10,7 @@ from portal.instances.catalog import catalog_sync
 from portal.instances.models import Image
 from provisioning import localhost
 from provisioning.models import GpuHost, HostImage, ImageJob
-
-from .conftest import KFD_FIXTURES, MI300X_RENDER_MINORS
+from tests.conftest import KFD_FIXTURES, MI300X_RENDER_MINORS
 
 pytestmark = pytest.mark.django_db
 

@@ -15,16 +15,10 @@ from tests.conftest import make_staff
 
 from .test_hosts import closed_port
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cloud")]
 
 CHANGELIST_URL = "/admin/provisioning/gpuhost/"
 REASON = "Replacing a failed fan; back tomorrow."
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from provisioning import hostfs, services
 from provisioning.drivers import driver_for
 from provisioning.drivers.docker import container_name
 from provisioning.inventory import InventoryError, read_inventory
+from tests.conftest import KFD_FIXTURES, MI300X_RENDER_MINORS, make_kfd_dev_root
 from tests.support.docker_instances import (
     docker_client,
     docker_portal_fixture,  # noqa: F401
@@ -28,8 +29,6 @@ from tests.support.docker_instances import (
 )
 from tests.support.drivers import start_on
 from tests.support.images import cpu_image_fixture  # noqa: F401
-
-from .conftest import KFD_FIXTURES, MI300X_RENDER_MINORS, make_kfd_dev_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 

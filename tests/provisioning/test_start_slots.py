@@ -10,12 +10,12 @@ import uuid
 import pytest
 
 from portal.console.instrumentation import launch_phases
-from portal.credits import services as credits
 from portal.instances import lifecycle, services, tasks
 from portal.instances.models import Instance
 from provisioning import start_slots
 from provisioning.drivers import fake
 from provisioning.drivers.base import Driver
+from tests.conftest import give
 from tests.support.worker import redis_url
 
 
@@ -28,16 +28,6 @@ def slots_redis(settings):
     yield
     for key in client.scan_iter(f"devcloud:start-slots:{portal_id}:*"):
         client.delete(key)
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=gpu_hours * 3600,
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
 
 
 def line(limit: int) -> start_slots.Line:

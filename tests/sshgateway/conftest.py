@@ -22,7 +22,7 @@ from django.utils import timezone
 from portal.accounts import services as accounts
 from portal.instances.models import Instance
 from provisioning.drivers import driver_for
-from tests.provisioning.conftest import make_kfd_dev_root
+from tests.conftest import make_kfd_dev_root
 from tests.support.docker_instances import (
     docker_portal_fixture,  # noqa: F401  (registers docker_portal)
     make_host,

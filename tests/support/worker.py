@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import kombu.pools
-
 from django.conf import settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,14 +21,13 @@ import websocket
 from django.utils import timezone
 
 from portal.credits import services as credits
+from portal.instances import culling, lifecycle
 from portal.instances.models import Image, Instance, LaunchPolicy
 from portal.notifications.models import Kind, Notification
-from portal.instances import culling, lifecycle
 from provisioning.drivers.local import LocalDriver
 from provisioning.inventory import read_inventory
 from provisioning.models import Gpu, GpuHost
-
-from .conftest import KFD_FIXTURES
+from tests.conftest import KFD_FIXTURES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -7,22 +7,19 @@ import uuid
 import pytest
 from django.conf import settings
 
+# A worker autodiscovers each app's tasks; beat also publishes provisioning's, so import them here.
+import provisioning.tasks  # noqa: F401
 from portal.celery import app
 from portal.credits import services as credits
 from portal.credits.models import CreditAccount
-from portal.instances import services
+from portal.instances import services, tasks
 from portal.instances.models import Instance
-from portal.instances import tasks
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation
 
+pytestmark = pytest.mark.usefixtures("cloud")
+
 HOUR = 3600
-
-
-@pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
-    return fake.install()
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,12 @@ from django.utils import timezone
 
 from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
-from portal.instances import services
+from portal.instances import lifecycle, services
 from portal.instances.models import Instance
-from portal.instances import lifecycle
 from provisioning.drivers import fake
 from provisioning.models import GpuAllocation
+
+pytestmark = pytest.mark.usefixtures("cloud")
 
 HOUR = 3600
 
@@ -27,10 +28,8 @@ def live_minors(instance) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def stuck_after_ten_minutes(settings):
     settings.STUCK_TRANSITION_SECONDS = 600
-    return fake.install()
 
 
 @pytest.fixture

@@ -13,11 +13,13 @@ from django.utils import timezone
 from portal.instances import culling
 from portal.instances.models import Instance, InstanceEvent, LaunchPolicy
 from provisioning.models import GpuAllocation
-from tests.support.docker_instances import docker_client, wait_for_jupyter
-from tests.support.docker_instances import docker_portal_fixture  # noqa: F401
+from tests.provisioning.test_remote_host import host_root, launch, remote_host, set_gpu_busy  # noqa: F401
+from tests.support.docker_instances import (
+    docker_client,
+    docker_portal_fixture,  # noqa: F401
+    wait_for_jupyter,
+)
 from tests.support.images import cpu_image_fixture  # noqa: F401
-
-from .test_remote_host import host_root, launch, remote_host, set_gpu_busy  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300, func_only=True)]
 

@@ -14,15 +14,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
+from portal.instances import culling, tasks
 from portal.instances.models import Instance, LaunchPolicy
 from portal.notifications.models import Kind, Notification
 from portal.notifications.services import notify_instance_idle_warning
-from portal.instances import culling, tasks
 from provisioning.drivers import fake
 from provisioning.inventory import read_inventory
 from provisioning.models import Gpu, GpuAllocation, GpuHost
-
-from .conftest import KFD_FIXTURES
+from tests.conftest import KFD_FIXTURES
 
 MINUTE = timedelta(minutes=1)
 

@@ -14,8 +14,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.instances.models import Instance, LaunchPolicy
 from portal.instances import culling
+from portal.instances.models import Instance, LaunchPolicy
 from provisioning.drivers import fake
 
 pytestmark = pytest.mark.timeout(120)

@@ -3,14 +3,12 @@ duplicates. The fake's JupyterLab is a real HTTP server on 127.0.0.1, so readine
 
 import threading
 import time
-import uuid
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 from portal.accounts.models import User
-from portal.credits import services as credits
 from portal.credits.models import CreditAccount, LedgerEntry
 from portal.instances import lifecycle, services
 from portal.instances.models import Instance
@@ -18,19 +16,10 @@ from provisioning import scheduler
 from provisioning.drivers import driver_for, fake
 from provisioning.drivers.base import DriverError
 from provisioning.models import GpuAllocation
+from tests.conftest import give
 from tests.support.drivers import start_on
 
-HOUR = 3600
-
-
-def give(user, gpu_hours):
-    credits.credits_adjust(
-        user=user,
-        gpu_seconds=int(gpu_hours * HOUR),
-        reason="Test credit",
-        actor=None,
-        idempotency_key=str(uuid.uuid4()),
-    )
+pytestmark = pytest.mark.usefixtures("cloud")
 
 
 def live_minors(instance) -> list[int]:
@@ -46,10 +35,8 @@ def usage_entries(user):
 
 
 @pytest.fixture(autouse=True)
-def cloud(settings):
-    settings.DEVCLOUD_DRIVER = "fake"
+def ready_within_20_seconds(settings):
     settings.READY_TIMEOUT_SECONDS = 20
-    return fake.install()
 
 
 @pytest.fixture
