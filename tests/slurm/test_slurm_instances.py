@@ -20,7 +20,8 @@ from portal.lib.sealed import seal
 from portal.notifications.models import Notification
 from provisioning.models import SlurmCluster, SlurmJob
 from provisioning.slurm import clusters
-from tests.e2e.helpers import give, run_in_kernel, usage_charged
+from tests.conftest import give
+from tests.e2e.helpers import run_in_kernel, usage_charged
 from tests.gateway.helpers import ServerThread, session_cookie_for
 from tests.support.slurm_portal import (
     SLURM_USER,

@@ -8,7 +8,8 @@ from django.urls import reverse
 from portal.credits.selectors import balance_for
 from portal.instances.models import Instance
 from provisioning.models import SlurmJob
-from tests.e2e.helpers import give, run_in_kernel, usage_charged
+from tests.conftest import give
+from tests.e2e.helpers import run_in_kernel, usage_charged
 from tests.e2e.test_launch_journey import launch_from_the_page, wait_for_page_state
 from tests.gateway.helpers import session_cookie_for
 from tests.sshgateway.conftest import add_key
