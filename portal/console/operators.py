@@ -36,11 +36,16 @@ OPERATOR_PERMISSIONS = (
     "instances.view_image",
     "instances.view_launchpolicy",
     "provisioning.view_gpuhost",
+    "provisioning.view_slurmcluster",
     "console.view_auditentry",
     "console.view_capacitysample",
     "notifications.view_notification",
     "sshgateway.view_sshsession",
 )
+
+
+# Added after console migration 0006, which seeds the group as it was before them.
+ADDED_WITH_SLURM = ("provisioning.view_slurmcluster",)
 
 
 def operators_group_seed(Group, Permission, permissions=OPERATOR_PERMISSIONS):

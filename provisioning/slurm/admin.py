@@ -61,9 +61,10 @@ class SlurmClusterForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.instance.pk:
-            for name in ("name", "rest_url", "rest_user", "gres_name"):
-                self.fields[name].disabled = True
-            self.fields["partition_names"].disabled = True
+            # What the cluster was checked with stays; a viewer's form has none of these fields.
+            for name in ("name", "rest_url", "rest_user", "gres_name", "partition_names"):
+                if name in self.fields:
+                    self.fields[name].disabled = True
             self.initial["partition_names"] = ", ".join(
                 self.instance.partitions.values_list("slurm_partition", flat=True)
             )

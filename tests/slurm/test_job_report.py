@@ -94,3 +94,42 @@ def test_a_malformed_report_is_refused_and_changes_nothing(client, submitted, bo
     assert answer.status_code == 400
     submitted.refresh_from_db()
     assert submitted.reported_at is None
+
+
+def test_each_report_is_a_sighting_with_the_gpus_use_read_on_the_node(client, submitted):
+    from provisioning import hostfs
+
+    token = callback_token(submitted.instance_id)
+    report(client, submitted.instance_id, REPORT, token)
+    first = SlurmJob.objects.get(pk=submitted.pk).last_seen_running_at
+
+    answer = report(client, submitted.instance_id, {**REPORT, "gpu_busy": {"renderD128": 3, "renderD136": 87}}, token)
+
+    submitted.refresh_from_db()
+    assert answer.status_code == 204
+    assert submitted.last_seen_running_at > first
+    assert submitted.gpu_busy_percent == 87
+    assert hostfs.instances_gpu_busy([submitted.instance_id]) == {submitted.instance_id: 87}
+
+
+def test_a_reading_older_than_three_heartbeats_says_nothing_about_now(client, submitted, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from provisioning import hostfs
+
+    report(client, submitted.instance_id, {**REPORT, "gpu_busy": {"renderD128": 90}}, callback_token(submitted.instance_id))
+    stale = timezone.now() - timedelta(seconds=3 * settings.SLURM_JOB_HEARTBEAT_SECONDS + 1)
+    SlurmJob.objects.filter(pk=submitted.pk).update(last_seen_running_at=stale)
+
+    assert hostfs.instances_gpu_busy([submitted.instance_id]) == {submitted.instance_id: None}
+
+
+@pytest.mark.parametrize("busy", [{"renderD128": 101}, {"renderD128": "90"}, ["renderD128"]])
+def test_a_gpu_reading_that_is_not_a_percent_is_refused(client, submitted, busy):
+    answer = report(client, submitted.instance_id, {**REPORT, "gpu_busy": busy}, callback_token(submitted.instance_id))
+
+    assert answer.status_code == 400
+    submitted.refresh_from_db()
+    assert submitted.gpu_busy_percent is None

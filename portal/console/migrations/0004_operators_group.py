@@ -4,10 +4,12 @@ users, groups or permissions (see portal.console.operators)."""
 from django.contrib.auth.management import create_permissions
 from django.db import migrations
 
-from portal.console.operators import OPERATOR_PERMISSIONS, operators_group_seed
+from portal.console.operators import ADDED_WITH_SLURM, OPERATOR_PERMISSIONS, operators_group_seed
 
 # The list as this migration first gave it; later migrations add what came after.
-PERMISSIONS_THEN = tuple(name for name in OPERATOR_PERMISSIONS if not name.startswith("sshgateway."))
+PERMISSIONS_THEN = tuple(
+    name for name in OPERATOR_PERMISSIONS if not name.startswith("sshgateway.") and name not in ADDED_WITH_SLURM
+)
 
 
 def seed(apps, schema_editor):

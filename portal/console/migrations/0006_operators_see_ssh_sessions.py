@@ -3,7 +3,7 @@
 from django.contrib.auth.management import create_permissions
 from django.db import migrations
 
-from portal.console.operators import operators_group_seed
+from portal.console.operators import ADDED_WITH_SLURM, OPERATOR_PERMISSIONS, operators_group_seed
 
 
 def seed(apps, schema_editor):
@@ -11,7 +11,9 @@ def seed(apps, schema_editor):
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = None
-    operators_group_seed(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"))
+    # The group as it was then: what later migrations add needs models this one may run before.
+    permissions = [name for name in OPERATOR_PERMISSIONS if name not in ADDED_WITH_SLURM]
+    operators_group_seed(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"), permissions)
 
 
 class Migration(migrations.Migration):
