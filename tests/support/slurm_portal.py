@@ -18,6 +18,7 @@ from provisioning.drivers import slurm as slurm_driver
 from provisioning.models import GpuHost
 from provisioning.slurm import clusters
 from provisioning.slurm.rest import SlurmRest
+from tests.e2e.helpers import wait_for as wait
 from tests.gateway.helpers import ServerThread
 
 SLURM_USER = "root"
@@ -105,17 +106,6 @@ def hold_gpus(slurm_cluster, gpus: int, *, node: str | None = None) -> int:
         job_id = rest.submit(script="#!/bin/bash\nexec sleep 600\n", job=job)
         wait(lambda: rest.job(job_id).state == "RUNNING", timeout=20, what=f"job {job_id} to run")
     return job_id
-
-
-def wait(predicate, *, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)
 
 
 def provision(instance_id, *, until: str = Instance.State.RUNNING, timeout: float = 90) -> Instance:
