@@ -174,6 +174,22 @@ def test_the_database_refuses_a_free_count_above_the_present_count_or_below_zero
 
 
 @pytest.mark.django_db
+def test_it_gives_back_a_host_whose_count_says_more_gpus_are_free_than_are(
+    alice, bob, host_make, host_queued_instance
+):
+    wrong = host_make("gpu-a")
+    right = host_make("gpu-b")
+    assert allocate(instance_id=host_queued_instance(alice).pk)[0].gpu.host_id == wrong.pk
+    GpuHost.objects.filter(pk=wrong.pk).update(gpus_free=8)  # as if a release had been counted twice
+
+    allocations = allocate(instance_id=host_queued_instance(bob, size="8x").pk)
+
+    assert {allocation.gpu.host_id for allocation in allocations} == {right.pk}
+    assert GpuAllocation.objects.filter(gpu__host=wrong, released_at__isnull=True).count() == 1
+    assert kept_counts() == {wrong.pk: (8, 8), right.pk: (8, 0)}
+
+
+@pytest.mark.django_db
 def test_saving_a_host_loaded_before_an_allocation_leaves_its_counts_alone(
     alice, host_make, host_queued_instance
 ):
