@@ -1,6 +1,9 @@
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+
+# Kept by the database (migration 0006), never written from Python: see GpuHost.gpus_present.
+GPU_COUNT_FIELDS = ("gpus_present", "gpus_free")
 
 
 class SlurmCluster(models.Model):
@@ -95,12 +98,48 @@ class GpuHost(models.Model):
     # MI300X host and stand-in device nodes: launches work end to end, but no program sees a real GPU.
     # Every page that shows such a host or its instances says so.
     is_simulated = models.BooleanField(default=False)
+    # Its present GPUs, and those of them without a live allocation: what placement picks a host by,
+    # without counting GPU rows. On PostgreSQL, triggers on Gpu and GpuAllocation (migration 0006) change
+    # them in the same statement as any row that changes them, whoever writes it (allocate, release,
+    # discovery, the admin, a test), after locking this row; save() leaves them out. On SQLite (make run)
+    # they stay 0 and placement counts the rows instead.
+    gpus_present = models.PositiveIntegerField(db_default=0, editable=False)
+    gpus_free = models.PositiveIntegerField(db_default=0, editable=False)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpus_free__gte=0, gpus_free__lte=F("gpus_present")),
+                name="provisioning_gpuhost_free_within_present",
+            ),
+        ]
+        indexes = [
+            # Placement's order among active hosts with a free GPU: most GPUs in use first, then fewest
+            # free (provisioning.scheduler). A 1x walks it from the start; an 8x reads the range with
+            # none in use and eight free, by name.
+            models.Index(
+                (F("gpus_present") - F("gpus_free")).desc(),
+                F("gpus_free"),
+                F("name"),
+                F("id"),
+                name="provisioning_gpuhost_packing",
+                condition=Q(state="active", gpus_free__gt=0),
+            ),
+        ]
 
     def __str__(self):
         return self.name
+
+    def save(self, **kwargs):
+        # A host loaded before an allocation or a discovery would otherwise write back stale counts.
+        if not self._state.adding and kwargs.get("update_fields") is None and not kwargs.get("force_insert"):
+            kwargs["update_fields"] = [
+                field.name
+                for field in self._meta.concrete_fields
+                if not field.primary_key and field.name not in GPU_COUNT_FIELDS
+            ]
+        super().save(**kwargs)
 
     @property
     def is_slurm(self) -> bool:

@@ -13,10 +13,20 @@ Rules (docs/architecture.md, "Instances"):
 - Workspaces: among those, the host that holds the owner's workspace (Workspace) comes next, before
   packing, so a launch there starts without moving it (provisioning/workspaces.py).
 
-Allocation is serialised by PostgreSQL, not by a process: the candidate search is one aggregate query,
-the chosen host's row is locked (select_for_update) and its free GPUs re-read under that lock, and the
+Allocation is serialised by the database, not by a process. Each host row carries its present and free
+GPU counts (GpuHost.gpus_present, gpus_free), which triggers keep in the same statement as every
+allocation, release and discovery (migration 0006), so choosing a host reads host rows only: the
+workspace host by id, then the others through an index in packing order. Each query returns one host
+and locks it (FOR UPDATE); PostgreSQL re-checks its counts once the lock is granted, so the host
+returned fits now, and its free GPUs are read and taken in the next statement, under that lock. The
 partial unique constraint on GpuAllocation (one live holder per GPU) is the backstop if anything slips
-past; an IntegrityError moves on to the next candidate. Any number of workers may call allocate() at once.
+past: a GPU it refuses is skipped, and a host left short is given back and the next one tried. Any
+number of workers may call allocate() at once. SQLite (make run) has no row locks and needs none, as it
+lets one transaction write at a time; it has no count triggers either, so there the queries count GPU
+rows in place of the two columns.
+
+allocate() is plain SQL: it runs for every launch, and building the equivalent querysets cost more than
+the queries themselves (benchmarks/bench_scheduler.py).
 
 The queue: an instance that gets no GPUs stays QUEUED. Queued launches start in FIFO order of created_at
 (see next_queued for how 8x launches at the head are kept from starving).
@@ -26,104 +36,209 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import Count, Exists, F, FilteredRelation, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from portal.instances.models import Instance
+from portal.instances.models import Image, Instance
 from portal.instances.sizes import SIZES
 
 from .models import Gpu, GpuAllocation, GpuHost, HostImage, ImageJob, Workspace
 
 GPUS_PER_WHOLE_HOST = 8
-# Hosts fetched per candidate query. Each one is tried under its lock; only when all were taken by
-# concurrent allocations in the meantime is the query run again.
-CANDIDATE_BATCH = 8
 # States an instance can be allocated GPUs in: queued (launch or queue task) or provisioning (the
 # provision task allocates after claiming the instance).
 ALLOCATABLE_STATES = (Instance.State.QUEUED, Instance.State.PROVISIONING)
+
+TABLES = {
+    "instance": Instance._meta.db_table,
+    "image": Image._meta.db_table,
+    "workspace": Workspace._meta.db_table,
+    "host": GpuHost._meta.db_table,
+    "gpu": Gpu._meta.db_table,
+    "allocation": GpuAllocation._meta.db_table,
+    "host_image": HostImage._meta.db_table,
+    "image_job": ImageJob._meta.db_table,
+}
+
+# The instance, locked, with what placement needs to know about it.
+_LAUNCH_SQL = """
+SELECT i.state, i.size, image.reference, workspace.host_id,
+    EXISTS (
+        SELECT 1 FROM {host_image} hi
+        WHERE hi.host_id = workspace.host_id AND hi.reference = image.reference AND hi.present
+    ),
+    EXISTS (SELECT 1 FROM {allocation} a WHERE a.instance_id = i.id AND a.released_at IS NULL)
+FROM {instance} i
+JOIN {image} image ON image.id = i.image_id
+LEFT JOIN {workspace} workspace ON workspace.user_id = i.user_id
+WHERE i.id = %s
+"""
+# A host's present and free GPUs: the columns the triggers keep on PostgreSQL (migration 0006), a count of
+# its rows on SQLite, which has no such triggers.
+_COUNTED_PRESENT = "(SELECT count(*) FROM {gpu} g WHERE g.host_id = h.id AND g.is_present)"
+_COUNTED_FREE = (
+    "(SELECT count(*) FROM {gpu} g WHERE g.host_id = h.id AND g.is_present AND NOT EXISTS"
+    " (SELECT 1 FROM {allocation} live WHERE live.gpu_id = g.id AND live.released_at IS NULL))"
+)
+# The 1x packing order; on PostgreSQL, the index provisioning_gpuhost_packing is in exactly this order.
+_PACKING_ORDER = "({present} - {free}) DESC, {free}, h.name, h.id"
+_WHOLE_HOST_ORDER = "h.name, h.id"
+_HAS_IMAGE = (
+    "EXISTS (SELECT 1 FROM {host_image} hi WHERE hi.host_id = h.id AND hi.reference = %s AND hi.present)"
+)
+_PULLING = (
+    "EXISTS (SELECT 1 FROM {image_job} job WHERE job.host_id = h.id AND job.reference = %s"
+    f" AND job.state IN ({', '.join(['%s'] * len(ImageJob.ACTIVE_STATES))}))"
+)
+_SURVEYED = "EXISTS (SELECT 1 FROM {host_image} hi WHERE hi.host_id = h.id)"
+# The host's free GPUs, lowest node first, taken in one statement; allocation ids follow that order. A GPU
+# that someone took meanwhile without locking the host (only a direct write could) is skipped by the
+# one-live-holder constraint instead of failing the statement. The OFFSET keeps PostgreSQL from turning
+# the NOT EXISTS into a join over every live allocation in the fleet (what it picks while its statistics
+# still count few): it looks up each of the host's GPUs in the one-live-holder index instead.
+_TAKE_SQL = """
+INSERT INTO {allocation} (gpu_id, instance_id, allocated_at, released_at)
+SELECT g.id, %s, %s, NULL FROM {gpu} g
+WHERE g.host_id = %s AND g.is_present
+    AND NOT EXISTS (
+        SELECT 1 FROM {allocation} live WHERE live.gpu_id = g.id AND live.released_at IS NULL LIMIT 1 OFFSET 0
+    )
+ORDER BY g.node_id
+LIMIT %s
+ON CONFLICT DO NOTHING
+RETURNING id, gpu_id
+"""
 
 
 class SchedulerError(Exception):
     """allocate() was asked for something it can never do (unknown size, an instance that has ended)."""
 
 
-def _image_annotations(reference: str) -> dict:
-    """has_image, pulling and surveyed flags of a host for `reference` (see the module's rules)."""
-    return {
-        "has_image": Exists(HostImage.objects.filter(host=OuterRef("pk"), reference=reference, present=True)),
-        "pulling": Exists(
-            ImageJob.objects.filter(host=OuterRef("pk"), reference=reference, state__in=ImageJob.ACTIVE_STATES)
-        ),
-        "surveyed": Exists(HostImage.objects.filter(host=OuterRef("pk"))),
-    }
+@dataclass(frozen=True)
+class _Launch:
+    state: str
+    size: str
+    reference: str
+    # The host of the owner's workspace (None without one), and whether it has the image.
+    home_host_id: int | None
+    home_has_image: bool
+    holds_gpus: bool
 
 
-def _candidate_hosts(
-    *, gpus_needed: int, exclude_ids, reserve_whole_hosts: bool, reference: str = "", user_id=None
-):
-    """Ids of ACTIVE hosts that can take `gpus_needed` GPUs now, best first. One aggregate query.
+def _sql(template: str) -> str:
+    return template.format(**TABLES)
 
-    `free` counts present GPUs without a live allocation. The join to allocations is filtered to live
-    ones (released_at IS NULL, which the partial unique index covers), so there is at most one row per
-    GPU and the allocation history never slows this down.
+
+def _lock_clause(*, of: str = "") -> str:
+    """The FOR UPDATE clause (of table alias `of`, if given) where the database has row locks; "" on
+    SQLite, which lets one transaction write at a time."""
+    if not connection.features.has_select_for_update:
+        return ""
+    if of and connection.features.has_select_for_update_of:
+        return f" FOR UPDATE OF {of}"
+    return " FOR UPDATE"
+
+
+def _lock_launch(cursor, instance_id) -> _Launch | None:
+    """The instance's row, locked; None if there is no such instance."""
+    instance_pk = Instance._meta.pk.get_db_prep_value(instance_id, connection)
+    cursor.execute(_sql(_LAUNCH_SQL) + _lock_clause(of="i"), [instance_pk])
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    state, size, reference, home_host_id, home_has_image, holds_gpus = row
+    return _Launch(state, size, reference, home_host_id, bool(home_has_image), bool(holds_gpus))
+
+
+def _counts() -> dict:
+    """SQL for a host's present and free GPU counts on this database, by name."""
+    if connection.vendor == "postgresql":
+        return {"present": "h.gpus_present", "free": "h.gpus_free"}
+    return {"present": _sql(_COUNTED_PRESENT), "free": _sql(_COUNTED_FREE)}
+
+
+def _fits(gpus_needed: int, reserve_whole_hosts: bool, counts: dict) -> tuple[str, list]:
+    """SQL condition (and its parameters) for a host whose counts say it can take `gpus_needed` now."""
+    whole_and_free = "(({present} - {free}) = 0 AND {free} = %s)".format(**counts)
+    if gpus_needed == GPUS_PER_WHOLE_HOST:
+        return whole_and_free, [GPUS_PER_WHOLE_HOST]
+    enough = "{free} >= %s".format(**counts)
+    if reserve_whole_hosts:
+        # An 8x launch is waiting: a host that could take it is not used for a 1x.
+        return f"{enough} AND NOT {whole_and_free}", [gpus_needed, GPUS_PER_WHOLE_HOST]
+    return enough, [gpus_needed]
+
+
+def _image_tiers(reference: str) -> list[tuple[str, list]]:
+    """Host conditions (and their parameters) for `reference`, best first: has it, then pulling it or
+    never surveyed."""
+    if not reference:
+        return [("TRUE", [])]
+    pulling = [reference, *ImageJob.ACTIVE_STATES]
+    return [
+        (_sql(_HAS_IMAGE), [reference]),
+        (_sql(f"NOT {_HAS_IMAGE} AND ({_PULLING} OR NOT {_SURVEYED})"), [reference, *pulling]),
+    ]
+
+
+def _locked_candidates(cursor, *, launch: _Launch, gpus_needed: int, reserve_whole_hosts: bool):
+    """Yields ids of ACTIVE hosts that can take `gpus_needed` GPUs, best first, each locked and each once.
+
+    Per image tier, the owner's workspace host (launch.home_host_id, if any) comes first, then the others
+    in packing order. One query per host yielded: the next is looked for only if the caller asks. Under
+    READ COMMITTED, a host another allocation holds is waited for and re-checked once it commits; if it
+    no longer fits, the query goes on to the next host in order.
     """
-    hosts = (
-        GpuHost.objects.filter(state=GpuHost.State.ACTIVE)
-        .exclude(pk__in=exclude_ids)
-        .annotate(
-            present_gpus=FilteredRelation("gpus", condition=Q(gpus__is_present=True)),
-            live=FilteredRelation(
-                "present_gpus__allocations", condition=Q(present_gpus__allocations__released_at__isnull=True)
-            ),
-        )
-        .annotate(present=Count("present_gpus"), used=Count("live"))
-        .annotate(free=F("present") - F("used"))
-    )
-    image_first = []
-    if reference:
-        hosts = hosts.annotate(**_image_annotations(reference)).filter(
-            Q(has_image=True) | Q(pulling=True) | Q(surveyed=False)
-        )
-        image_first = ["-has_image"]
-    if user_id is not None:
-        hosts = hosts.annotate(
-            has_workspace=Exists(Workspace.objects.filter(host=OuterRef("pk"), user_id=user_id))
-        )
-        image_first.append("-has_workspace")
-    if gpus_needed == GPUS_PER_WHOLE_HOST:
-        hosts = hosts.filter(present=GPUS_PER_WHOLE_HOST, used=0).order_by(*image_first, "name", "pk")
-    else:
-        hosts = hosts.filter(free__gte=gpus_needed)
-        if reserve_whole_hosts:
-            # An 8x launch is waiting: a host that could take it is not used for a 1x.
-            hosts = hosts.exclude(present=GPUS_PER_WHOLE_HOST, used=0)
-        hosts = hosts.order_by(*image_first, "-used", "free", "name", "pk")
-    return list(hosts.values_list("pk", flat=True)[:CANDIDATE_BATCH])
+    counts = _counts()
+    fits, fits_params = _fits(gpus_needed, reserve_whole_hosts, counts)
+    order = _WHOLE_HOST_ORDER if gpus_needed == GPUS_PER_WHOLE_HOST else _PACKING_ORDER.format(**counts)
+    lock = _lock_clause()
+    base = _sql("SELECT h.id FROM {host} h WHERE h.state = %s AND ") + fits
+    home = launch.home_host_id
+    # The workspace host can only be in the first tier if it has the image, and only in the second if not.
+    home_tier = 0 if launch.home_has_image or not launch.reference else 1
+    tried = []
+    for number, (tier, tier_params) in enumerate(_image_tiers(launch.reference)):
+        params = [GpuHost.State.ACTIVE, *fits_params, *tier_params]
+        if home is not None and number == home_tier:
+            cursor.execute(f"{base} AND {tier} AND h.id = %s{lock}", [*params, home])
+            if cursor.fetchone():
+                tried.append(home)
+                yield home
+        while True:
+            untried = f" AND h.id NOT IN ({', '.join(['%s'] * len(tried))})" if tried else ""
+            cursor.execute(f"{base} AND {tier}{untried} ORDER BY {order} LIMIT 1{lock}", [*params, *tried])
+            row = cursor.fetchone()
+            if row is None:
+                break
+            tried.append(row[0])
+            yield row[0]
 
 
-def _take(host_id: int, instance: Instance, gpus_needed: int) -> list[GpuAllocation] | None:
-    """Inside a savepoint: lock the host, re-check its free GPUs, and allocate. None if it no longer fits."""
-    host = GpuHost.objects.select_for_update().filter(pk=host_id, state=GpuHost.State.ACTIVE).first()
-    if host is None:
-        return None
-    free = list(
-        Gpu.objects.filter(host_id=host_id, is_present=True)
-        .filter(~Exists(GpuAllocation.objects.filter(gpu=OuterRef("pk"), released_at__isnull=True)))
-        .order_by("node_id")
-        .values_list("pk", flat=True)
+def _take(cursor, *, host_id: int, instance_id, gpus_needed: int) -> list[GpuAllocation] | None:
+    """Allocate `gpus_needed` free GPUs of the locked host and point the instance at it. Returns the new
+    allocations, lowest node first; None, having taken nothing, if the host has fewer free than that."""
+    instance_pk = Instance._meta.pk.get_db_prep_value(instance_id, connection)
+    allocated_at = timezone.now()
+    cursor.execute(
+        _sql(_TAKE_SQL),
+        [instance_pk, connection.ops.adapt_datetimefield_value(allocated_at), host_id, gpus_needed],
     )
-    if gpus_needed == GPUS_PER_WHOLE_HOST:
-        present = Gpu.objects.filter(host_id=host_id, is_present=True).count()
-        if present != GPUS_PER_WHOLE_HOST or len(free) != GPUS_PER_WHOLE_HOST:
-            return None
-    elif len(free) < gpus_needed:
+    rows = sorted(cursor.fetchall())
+    if len(rows) < gpus_needed:
+        # Fewer than its count said (see _TAKE_SQL): give back what was taken, and try the next host.
+        if rows:
+            taken = [pk for pk, _ in rows]
+            placeholders = ", ".join(["%s"] * len(taken))
+            cursor.execute(_sql(f"DELETE FROM {{allocation}} WHERE id IN ({placeholders})"), taken)
         return None
-    allocations = GpuAllocation.objects.bulk_create(
-        [GpuAllocation(gpu_id=gpu_id, instance=instance) for gpu_id in free[:gpus_needed]]
-    )
-    Instance.objects.filter(pk=instance.pk).update(host=host)
-    return allocations
+    cursor.execute(_sql("UPDATE {instance} SET host_id = %s WHERE id = %s"), [host_id, instance_pk])
+    fields = ["id", "gpu_id", "instance_id", "allocated_at", "released_at"]
+    return [
+        GpuAllocation.from_db(connection.alias, fields, (pk, gpu_id, instance_id, allocated_at, None))
+        for pk, gpu_id in rows
+    ]
 
 
 def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAllocation] | None:
@@ -137,47 +252,39 @@ def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAlloc
     Raises SchedulerError for an unknown size or an instance that is not queued or provisioning, and
     Instance.DoesNotExist for an unknown id.
     """
-    with transaction.atomic():
+    instance_id = Instance._meta.pk.to_python(instance_id)
+    with transaction.atomic(), connection.cursor() as cursor:
         # Locking the instance makes a duplicate call (a redelivered task) wait, then see the first
         # call's allocations instead of allocating twice.
-        instance = Instance.objects.select_for_update(of=("self",)).select_related("image").get(pk=instance_id)
-        if instance.state not in ALLOCATABLE_STATES:
+        launch = _lock_launch(cursor, instance_id)
+        if launch is None:
+            raise Instance.DoesNotExist(f"No instance {instance_id}.")
+        if launch.state not in ALLOCATABLE_STATES:
             raise SchedulerError(
-                f"Instance {instance.short_id} is {instance.state}; only a live launch gets GPUs."
+                f"Instance {str(instance_id)[:8]} is {launch.state}; only a live launch gets GPUs."
             )
-        size = SIZES.get(instance.size)
+        size = SIZES.get(launch.size)
         if size is None:
-            raise SchedulerError(f"Unknown instance size {instance.size!r}.")
-        held = list(GpuAllocation.objects.filter(instance=instance, released_at__isnull=True))
-        if held:
-            return held
+            raise SchedulerError(f"Unknown instance size {launch.size!r}.")
+        if launch.holds_gpus:
+            return list(GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True))
 
-        tried = set()
-        while True:
-            candidates = _candidate_hosts(
-                gpus_needed=size.gpus,
-                exclude_ids=tried,
-                reserve_whole_hosts=reserve_whole_hosts,
-                reference=instance.image.reference,
-                user_id=instance.user_id,
-            )
-            if not candidates:
-                return None
-            for host_id in candidates:
-                tried.add(host_id)
-                try:
-                    with transaction.atomic():
-                        allocations = _take(host_id, instance, size.gpus)
-                except IntegrityError:
-                    # Another transaction took one of these GPUs between our read and our insert.
-                    allocations = None
-                if allocations:
-                    instance.host_id = host_id
-                    return allocations
+        candidates = _locked_candidates(
+            cursor, launch=launch, gpus_needed=size.gpus, reserve_whole_hosts=reserve_whole_hosts
+        )
+        for host_id in candidates:
+            allocations = _take(cursor, host_id=host_id, instance_id=instance_id, gpus_needed=size.gpus)
+            if allocations:
+                return allocations
+        return None
 
 
 def release(*, instance_id) -> int:
-    """Free every GPU the instance holds. Returns how many were freed; 0 when it held none (idempotent)."""
+    """Free every GPU the instance holds. Returns how many were freed; 0 when it held none (idempotent).
+
+    The host's free count follows in the same statement (a trigger), which locks the host row until the
+    caller's transaction ends.
+    """
     return GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True).update(
         released_at=timezone.now()
     )

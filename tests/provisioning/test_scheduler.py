@@ -252,5 +252,6 @@ def test_it_places_with_as_many_queries_among_40_hosts_as_among_2(alice, host_ma
         host_make(f"gpu-{number:02d}")
     with_forty = queries_for_one_placement()
 
-    # The candidate search is one aggregate query, whatever the fleet size.
+    # The candidate search reads one host per query (the workspace host, then the best in packing
+    # order), whatever the fleet size.
     assert with_forty == with_two

@@ -31,6 +31,19 @@ def test_it_places_a_launch_on_the_host_holding_the_owners_workspace_although_pa
     assert placed_on(host_queued_instance(alice)) == home
 
 
+def test_it_places_a_launch_on_the_workspace_host_before_packing_among_hosts_that_have_the_image(
+    alice, bob, host_make, host_queued_instance, host_image
+):
+    busy = host_make("gpu-a-busy")
+    home = host_make("gpu-b-home")
+    for host in (busy, home):
+        HostImage.objects.create(host=host, reference=host_image.reference, present=True, checked_at=timezone.now())
+    workspace_on(alice, home)
+    assert placed_on(host_queued_instance(bob)) == busy
+
+    assert placed_on(host_queued_instance(alice)) == home
+
+
 def test_it_places_an_8x_on_the_workspace_host_when_it_is_whole_and_free(alice, host_make, host_queued_instance):
     host_make("gpu-a")
     home = host_make("gpu-b-home")

@@ -18,6 +18,6 @@ def seed(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("console", "0007_auditentry_moves_to_audit"),
-        ("provisioning", "0006_slurm_backend"),
+        ("provisioning", "0007_slurm_backend"),
     ]
     operations = [migrations.RunPython(seed, migrations.RunPython.noop)]

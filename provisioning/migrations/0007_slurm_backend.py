@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('provisioning', '0005_workspaces'),
+        ('provisioning', '0006_host_gpu_counts'),
     ]
 
     operations = [
