@@ -214,9 +214,11 @@ class _Exchange:
         content += [b"\r\n", answer.body]
         self.response_complete = True
         if protocol.access_log and protocol.access_logger.isEnabledFor(logging.INFO):
+            # The arguments uvicorn's own protocol gives, which its AccessFormatter unpacks.
             protocol.access_logger.info(
-                '%s - "GET %s HTTP/%s" %d',
+                '%s - "%s %s HTTP/%s" %d',
                 get_client_addr(self.scope),
+                "GET",
                 get_path_with_query_string(self.scope),
                 self.scope["http_version"],
                 answer.status,

@@ -6,6 +6,7 @@ fast path. The server here runs with the HTTP protocol the deploy kit gives uvic
 (tests/gateway/helpers.py, ServerThread).
 """
 
+import logging
 import socket
 import threading
 import uuid
@@ -229,3 +230,45 @@ def test_pipelined_lab_requests_on_one_connection_are_answered_in_order(
             received += chunk
 
     assert received.index(b"first") < received.index(b"second")
+
+
+class FormattedAccessLog(logging.Handler):
+    """uvicorn.access as `make run` prints it (uvicorn's own AccessFormatter), keeping each line or the
+    error its formatting raised."""
+
+    def __init__(self):
+        from uvicorn.logging import AccessFormatter
+
+        super().__init__(logging.INFO)
+        self.setFormatter(AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False))
+        self.lines, self.errors = [], []
+
+    def emit(self, record):
+        try:
+            self.lines.append(self.format(record))
+        except Exception as error:  # noqa: BLE001 -- what a log line costs make run's output is the point
+            self.errors.append(repr(error))
+
+
+@pytest.fixture
+def access_log():
+    logger = logging.getLogger("uvicorn.access")
+    handler, level = FormattedAccessLog(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_fast_path_requests_are_logged_like_every_other_request(
+    client, alice, alice_fake_lab, upstream, portal_server, access_log
+):
+    # make run logs every request; a line uvicorn's formatter cannot read was a traceback in its output.
+    with browser(portal_server, session_cookie_for(client, alice)) as alice_browser:
+        answers = [alice_browser.get(lab_url(alice_fake_lab.id, "api/status")) for _ in range(3)]
+
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    assert access_log.errors == []
+    path = lab_url(alice_fake_lab.id, "api/status")
+    assert sum(f'"GET {path} HTTP/1.1" 200' in line for line in access_log.lines) == 3
