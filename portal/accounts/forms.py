@@ -82,6 +82,11 @@ class SshKeyForm(forms.Form):
         ),
     )
 
+    def __init__(self, *args, **kwargs):
+        # Ids of its own: the Settings page shows it beside the token form, which also has a "name".
+        kwargs.setdefault("auto_id", "id_key_%s")
+        super().__init__(*args, **kwargs)
+
 
 class AccountDeleteForm(forms.Form):
     confirm_email = forms.CharField(

@@ -25,6 +25,8 @@ class ApiTokenForm(forms.Form):
     days = forms.TypedChoiceField(label="Expires after", coerce=int, initial=30)
 
     def __init__(self, *args, **kwargs):
+        # Ids of its own: the Settings page shows it beside the SSH key form, which also has a "name".
+        kwargs.setdefault("auto_id", "id_token_%s")
         super().__init__(*args, **kwargs)
         self.fields["days"].choices = [
             (days, label) for days, label in EXPIRY_CHOICES if days <= settings.API_TOKEN_MAX_DAYS
