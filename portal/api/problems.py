@@ -132,4 +132,9 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.PermissionDenied) and detail.startswith("CSRF Failed"):
         kind, title = "csrf", "CSRF check failed"
         detail = f"{detail} Send the csrftoken cookie's value in the X-CSRFToken header."
+    if code == "not_authenticated":
+        detail = (
+            f"{detail} Send a personal access token as `Authorization: Bearer <token>` (make one in "
+            "Settings → API tokens, or run `devcloud login`)."
+        )
     return problem(exc.status_code, kind, title, detail, headers=headers or None)

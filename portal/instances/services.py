@@ -98,7 +98,11 @@ def _validate_launch(*, user, size: str, image_key: str, policy: LaunchPolicy):
         raise ValidationError(f"Unknown size {size!r}. Choose one of: {choices}.", code="size")
     image = Image.objects.filter(key=image_key or "").first()
     if image is None:
-        raise ValidationError(f"Unknown image {image_key!r}. Choose one of the images listed.", code="image")
+        keys = list(Image.objects.filter(is_enabled=True).order_by("key").values_list("key", flat=True))
+        raise ValidationError(
+            f"Unknown image {image_key!r}. Choose one of: {', '.join(keys) or 'none (no image is enabled)'}.",
+            code="image",
+        )
     if not image.is_enabled:
         raise ValidationError(
             f"The {image.name} image is switched off by the operators right now. Choose another image.",

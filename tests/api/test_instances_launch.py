@@ -40,7 +40,7 @@ def test_it_launches_and_answers_the_instance(rich_alice, cpu):
         (
             {"size": "1x", "image": "tensorflow"},
             "image",
-            "Unknown image 'tensorflow'. Choose one of the images listed.",
+            "Unknown image 'tensorflow'. Choose one of: cpu.",
         ),
         ({"image": "cpu"}, "size", "Choose a size."),
         ({"size": "1x"}, "image", "Choose an image."),

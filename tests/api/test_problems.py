@@ -27,3 +27,10 @@ def test_a_body_that_is_not_json_is_a_415_problem(alice):
         headers=api._headers(None),
     )
     assert_problem(answer, 415, kind="unsupported-media-type")
+
+
+def test_a_request_without_a_token_says_how_to_send_one(client, db):
+    body = assert_problem(client.get("/api/v1/me"), 401, kind="unauthenticated")
+
+    assert "Authorization: Bearer <token>" in body["detail"]
+    assert "devcloud login" in body["detail"]
