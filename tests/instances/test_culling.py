@@ -24,7 +24,7 @@ from portal.credits import services as credits
 from portal.instances import culling, lifecycle
 from portal.instances.models import Image, Instance, LaunchPolicy
 from portal.notifications.models import Kind, Notification
-from provisioning.drivers.local import LocalDriver
+from provisioning.drivers import driver_for
 from provisioning.inventory import read_inventory
 from provisioning.models import Gpu, GpuHost
 from tests.conftest import KFD_FIXTURES
@@ -187,7 +187,7 @@ def test_it_warns_an_idle_instance_once_then_stops_it_after_the_grace_keeping_th
         instance, "PUT", "contents/notes.txt", json={"type": "file", "format": "text", "content": "keep"}
     )
     assert saved.status_code in (200, 201), saved.text
-    workspace = LocalDriver(instance.host).workspace(instance)
+    workspace = driver_for(instance.host, "local").workspace(instance.user_id)
     t0 = timezone.now()
 
     assert cull(t0 + 59 * MINUTE).warned == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from provisioning.drivers.local import LocalDriver
+from provisioning.drivers import driver_for
 from provisioning.models import GpuHost
 from tests.support.docker_instances import make_image, make_instance, status_url, wait_for_jupyter
 from tests.support.drivers import instance_ref, start_on
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 @pytest.fixture
 def driver(db, settings, tmp_path):
     settings.DEVCLOUD_LOCAL_ROOT = str(tmp_path)
-    driver = LocalDriver(GpuHost.objects.create(name="localhost"))
+    driver = driver_for(GpuHost.objects.create(name="localhost"), "local")
     yield driver
     # Whatever a failed test left running.
     for state_file in (tmp_path / "local-instances").glob("*/state.json"):
