@@ -505,6 +505,17 @@ def workspace_removals_run(*, user_id=None) -> dict:
     done_by_user: dict[int, list[str]] = {}
     for removal in pending:
         names = []
+        if removal.host.is_slurm:
+            # A directory on the cluster's shared storage, which the partition's driver removes.
+            from .drivers import driver_for
+
+            driver = driver_for(removal.host)
+            driver.remove_workspace(removal.user_id)
+            removal.delete()
+            done_by_user.setdefault(removal.user_id, []).append(
+                f"{driver.workspace_dir(workspace_name(removal.user_id))} on {removal.host.name}"
+            )
+            continue
         try:
             client = DockerEngine(removal.host).client()
             volumes = client.volumes.list(

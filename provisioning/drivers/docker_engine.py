@@ -127,6 +127,9 @@ class DockerEngine:
                 ) from error
             except docker.errors.DockerException as error:
                 raise self._unreachable(error) from error
+            # The client reads its TLS files on every connection, and they go with this object: a caller
+            # that keeps only the client (DockerEngine(host).client()) must keep them too.
+            self._clients[timeout].devcloud_engine = self
         return self._clients[timeout]
 
     def _unreachable(self, error) -> DriverError:

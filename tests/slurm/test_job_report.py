@@ -133,3 +133,24 @@ def test_a_gpu_reading_that_is_not_a_percent_is_refused(client, submitted, busy)
     assert answer.status_code == 400
     submitted.refresh_from_db()
     assert submitted.gpu_busy_percent is None
+
+
+def test_deleting_an_account_removes_its_workspace_directory_on_the_clusters_storage(submitted, tmp_path):
+    from portal.accounts.services import account_delete
+    from portal.audit.models import AuditEntry
+    from provisioning.workspaces import workspace_name, workspace_removals_run
+    from tests.conftest import make_user
+
+    dora = make_user("dora@example.com")
+    cluster = submitted.host.slurm_cluster
+    cluster.workspace_root = str(tmp_path)
+    cluster.save()
+    files = tmp_path / workspace_name(dora.pk)
+    files.mkdir()
+    (files / "notes.txt").write_text("mine")
+
+    account_delete(user=dora)
+    workspace_removals_run()
+
+    assert not files.exists()
+    assert AuditEntry.objects.filter(action="account.workspaces_removed", target_id=str(dora.pk)).exists()
