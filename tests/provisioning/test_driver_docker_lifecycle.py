@@ -255,9 +255,9 @@ def test_it_keeps_tls_material_in_private_files(alice, host, image):
 
     # Each engine client writes its own copy, in a directory of its own under the driver's.
     written = [
-        os.path.join(folder, name) for folder, _, names in os.walk(driver._tls_dir) for name in names
+        os.path.join(folder, name) for folder, _, names in os.walk(driver.engine._tls_dir) for name in names
     ]
     assert sorted(os.path.basename(path) for path in written) == ["ca.pem", "cert.pem", "key.pem"]
     assert {stat.S_IMODE(os.stat(path).st_mode) for path in written} == {0o600}
-    folders = [folder for folder, _, _ in os.walk(driver._tls_dir)]
+    folders = [folder for folder, _, _ in os.walk(driver.engine._tls_dir)]
     assert {stat.S_IMODE(os.stat(folder).st_mode) for folder in folders} == {0o700}
