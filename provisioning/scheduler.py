@@ -67,8 +67,7 @@ SELECT i.state, i.size, image.reference, workspace.host_id,
     EXISTS (
         SELECT 1 FROM {host_image} hi
         WHERE hi.host_id = workspace.host_id AND hi.reference = image.reference AND hi.present
-    ),
-    EXISTS (SELECT 1 FROM {allocation} a WHERE a.instance_id = i.id AND a.released_at IS NULL)
+    )
 FROM {instance} i
 JOIN {image} image ON image.id = i.image_id
 LEFT JOIN {workspace} workspace ON workspace.user_id = i.user_id
@@ -123,7 +122,6 @@ class _Launch:
     # The host of the owner's workspace (None without one), and whether it has the image.
     home_host_id: int | None
     home_has_image: bool
-    holds_gpus: bool
 
 
 def _sql(template: str) -> str:
@@ -147,8 +145,8 @@ def _lock_launch(cursor, instance_id) -> _Launch | None:
     row = cursor.fetchone()
     if row is None:
         return None
-    state, size, reference, home_host_id, home_has_image, holds_gpus = row
-    return _Launch(state, size, reference, home_host_id, bool(home_has_image), bool(holds_gpus))
+    state, size, reference, home_host_id, home_has_image = row
+    return _Launch(state, size, reference, home_host_id, bool(home_has_image))
 
 
 def _counts() -> dict:
@@ -266,8 +264,12 @@ def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAlloc
         size = SIZES.get(launch.size)
         if size is None:
             raise SchedulerError(f"Unknown instance size {launch.size!r}.")
-        if launch.holds_gpus:
-            return list(GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True))
+        # Asked again, in a statement of its own: a call that waited for the lock read the rest of its
+        # row under the snapshot from before the wait, and would not see the allocations of the call it
+        # waited for (PostgreSQL re-reads only the locked row itself).
+        held = list(GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True))
+        if held:
+            return held
 
         candidates = _locked_candidates(
             cursor, launch=launch, gpus_needed=size.gpus, reserve_whole_hosts=reserve_whole_hosts
