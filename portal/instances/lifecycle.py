@@ -331,9 +331,14 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
                         f"{NOTHING_CHARGED} Launch again; if it happens again, tell the operators "
                         f"(instance {instance.short_id})."
                     )
-                interval = READY_POLL_SECONDS if serving.is_set() else READY_POLL_UNTIL_SERVING_SECONDS
-                # Wakes at once when the serving line appears.
-                serving.wait(min(interval, max(deadline - time.monotonic(), 0.01)))
+                remaining = max(deadline - time.monotonic(), 0.01)
+                if serving.is_set():
+                    # A sleep, not serving.wait: a set event returns at once, and the poll would spin
+                    # (a driver that cannot follow output sets it from the start: the whole wait).
+                    time.sleep(min(READY_POLL_SECONDS, remaining))
+                else:
+                    # Wakes at once when the serving line appears.
+                    serving.wait(min(READY_POLL_UNTIL_SERVING_SECONDS, remaining))
     finally:
         done.set()
 
