@@ -5,8 +5,11 @@ for the runner's summary. Helpers here set up Django and give a bench its own sc
 """
 
 import os
+import signal
 import statistics
 import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,12 +68,21 @@ def web_workers() -> int:
 
 
 def start_kit_web(
-    port: int, url: str, log: Path, *, app: str = "", http: str = "", env: dict | None = None
+    port: int,
+    url: str,
+    log: Path,
+    *,
+    app: str = "",
+    http: str = "",
+    env: dict | None = None,
+    host: str = "127.0.0.1",
 ) -> subprocess.Popen:
     """The portal as the deploy kit's web unit runs it, on `port` against database `url`.
 
     The unit's exact command line (deploy/systemd/devcloud-web.service) with the production settings;
     only the port differs, and the number of worker processes follows the unit's rule, two per core.
+    `host` is the address it listens on, loopback as in the unit unless a bench's clients live elsewhere
+    (the Slurm test cluster's nodes reach this machine at the cluster's controller address).
     `app` serves another ASGI application with that same command line (a baseline to compare with),
     `http` another uvicorn HTTP protocol, and `env` adds to its environment.
     Plain HTTP on loopback (SECURE_SSL_REDIRECT off): nginx terminates TLS in production. Sessions the
@@ -92,6 +104,7 @@ def start_kit_web(
     }
     env.pop("DATABASE_CONN_MAX_AGE", None)
     command = exec_start("devcloud-web.service")
+    command[command.index("--host") + 1] = host
     command[command.index("--port") + 1] = str(port)
     command[command.index("--workers") + 1] = str(web_workers())
     if app:
@@ -100,3 +113,49 @@ def start_kit_web(
         command[command.index("--http") + 1] = http
     with open(log, "wb") as log_file:
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+
+
+@contextmanager
+def layout_workers(env: dict, log_dir: Path):
+    """The Celery workers of portal/workers.py (not beat: a bench drives time itself), each started with
+    exactly portal.workers.command(name) and environment `env`, logging to <log_dir>/worker-<name>.log;
+    yields their processes once both consume. Raises RuntimeError when one exits or is not ready in 60 s
+    (its log's tail is printed)."""
+    from portal import workers
+
+    started = []
+    try:
+        for name in ("default", "provisioning"):
+            log = log_dir / f"worker-{name}.log"
+            with open(log, "wb") as log_file:
+                process = subprocess.Popen(
+                    workers.command(name, python=sys.executable, environ=env),
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            started.append((name, process, log))
+        for name, process, log in started:
+            deadline = time.monotonic() + 60
+            while " ready." not in log.read_text(errors="replace"):
+                if process.poll() is not None:
+                    raise RuntimeError(f"the {name} worker exited: {log.read_text(errors='replace')[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the {name} worker was not ready within 60 s")
+                time.sleep(0.01)
+        yield [process for _, process, _ in started]
+    except BaseException:
+        for name, _, log in started:
+            print(f"----- {name} worker log -----\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    finally:
+        for _, process, _ in started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for _, process, _ in started:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)

@@ -54,10 +54,8 @@ of an address, as they would in production. Each scenario is printed as soon as 
 import logging
 import os
 import secrets
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -70,7 +68,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import database_url as bench_database_url
-from benchmarks import scratch_database, start_kit_web
+from benchmarks import layout_workers, scratch_database, start_kit_web
 
 DATABASE = "devcloud_bench_launch"
 REPEAT = int(os.environ.get("BENCH_LAUNCH_REPEAT", "5"))
@@ -463,50 +461,6 @@ class Plain:
             subprocess.run(["docker", "volume", "rm", *volumes], capture_output=True, check=False)
 
 
-@contextmanager
-def _layout_workers(env: dict, log_dir: Path):
-    """The Celery workers of portal/workers.py (not beat: the bench drives time itself), each started with
-    exactly portal.workers.command(name); yields once both consume."""
-    from portal import workers
-
-    started = []
-    try:
-        for name in ("default", "provisioning"):
-            log = log_dir / f"worker-{name}.log"
-            with open(log, "wb") as log_file:
-                process = subprocess.Popen(
-                    workers.command(name, python=sys.executable, environ=env),
-                    env=env,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            started.append((name, process, log))
-        for name, process, log in started:
-            _wait(
-                lambda: " ready." in log.read_text(errors="replace") or process.poll() is not None,
-                f"the {name} worker to start",
-                60,
-            )
-            if process.poll() is not None:
-                raise RuntimeError(f"the {name} worker exited: {log.read_text(errors='replace')[-2000:]}")
-        yield [process for _, process, _ in started]
-    except BaseException:
-        for name, _, log in started:
-            print(f"----- {name} worker log -----\n{log.read_text(errors='replace')[-3000:]}")
-        raise
-    finally:
-        for _, process, _ in started:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for _, process, _ in started:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
-
-
 def _burst(count: int, work) -> list:
     """Runs work(i) in `count` threads released together; returns their results in order."""
     results: list = [None] * count
@@ -688,7 +642,7 @@ def main() -> dict:
         try:
             with (
                 _portal_server(database_url, scratch / "portal.log") as portal_url,
-                _layout_workers(worker_env, scratch),
+                layout_workers(worker_env, scratch),
                 celery_publishing_to(broker_url=broker, queue=default_queue),
                 StateWatcher() as watcher,
             ):

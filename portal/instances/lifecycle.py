@@ -15,6 +15,7 @@ Every function here is safe to run twice and safe to kill at any line (docs/arch
 Celery tasks (portal/instances/tasks.py) are thin wrappers; retries of transient driver errors happen there.
 """
 
+import functools
 import logging
 import threading
 import time
@@ -286,6 +287,12 @@ def status_url(instance: Instance, endpoint: str) -> str:
     return f"{endpoint.rstrip('/')}/instances/{instance.id}/lab/api/status"
 
 
+@functools.cache
+def _tls_context():
+    # One for every readiness wait: building one loads the whole CA bundle, as much CPU as a hundred polls.
+    return httpx.create_ssl_context()
+
+
 def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutcome:
     """Poll JupyterLab's /api/status with the instance's token until it answers 200, within READY_TIMEOUT_SECONDS.
 
@@ -301,7 +308,9 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
     next_check = time.monotonic() + (READY_CHECK_EVERY if serving.is_set() else READY_CHECK_UNTIL_SERVING_SECONDS)
     try:
         # trust_env=False: a proxy from the environment must never sit between the portal and an instance.
-        with httpx.Client(timeout=STATUS_REQUEST_TIMEOUT, trust_env=False, follow_redirects=False) as client:
+        with httpx.Client(
+            timeout=STATUS_REQUEST_TIMEOUT, trust_env=False, follow_redirects=False, verify=_tls_context()
+        ) as client:
             while True:
                 try:
                     if client.get(url, headers=headers).status_code == 200:
@@ -331,9 +340,14 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
                         f"{NOTHING_CHARGED} Launch again; if it happens again, tell the operators "
                         f"(instance {instance.short_id})."
                     )
-                interval = READY_POLL_SECONDS if serving.is_set() else READY_POLL_UNTIL_SERVING_SECONDS
-                # Wakes at once when the serving line appears.
-                serving.wait(min(interval, max(deadline - time.monotonic(), 0.01)))
+                remaining = max(deadline - time.monotonic(), 0.01)
+                if serving.is_set():
+                    # A sleep, not serving.wait: a set event returns at once, and the poll would spin
+                    # (a driver that cannot follow output sets it from the start: the whole wait).
+                    time.sleep(min(READY_POLL_SECONDS, remaining))
+                else:
+                    # Wakes at once when the serving line appears.
+                    serving.wait(min(READY_POLL_UNTIL_SERVING_SECONDS, remaining))
     finally:
         done.set()
 

@@ -129,12 +129,17 @@ class SlurmDriver(Driver):
         before it served (it failed, or was cancelled outside DevCloud) or Slurm refused it.
         """
         say = progress or (lambda message: None)
-        record, _ = SlurmJob.objects.get_or_create(
+        record, created = SlurmJob.objects.get_or_create(
             instance_id=spec.instance_id, defaults={"host": self.host, "name": job_name(spec.instance_id)}
         )
         try:
             with self._rest() as rest:
-                job = rest.job(record.job_id) if record.job_id else rest.find_job(record.name)
+                if created:
+                    # A start makes the row before it submits, so no earlier start submitted a job; a
+                    # search would list every job the cluster still knows, for nothing.
+                    job = None
+                else:
+                    job = rest.job(record.job_id) if record.job_id else rest.find_job(record.name)
                 if job is None:
                     job_id = rest.submit(script=slurm_job.batch_script(), job=self._job_request(spec))
                     SlurmJob.objects.filter(pk=record.pk).update(job_id=job_id)
@@ -188,7 +193,9 @@ class SlurmDriver(Driver):
                     permanent=True,
                 )
             record = SlurmJob.objects.get(instance_id=spec.instance_id)
-            SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state, slurm_reason=job.reason or "")
+            seen = {"slurm_state": job.state, "slurm_reason": job.reason or ""}
+            if (record.slurm_state, record.slurm_reason) != tuple(seen.values()):
+                SlurmJob.objects.filter(pk=record.pk).update(**seen)
             if job.state == "RUNNING" and record.reported_at is not None:
                 address = record.address or self._node_address(rest, record.node)
                 if not record.address:
@@ -280,7 +287,8 @@ class SlurmDriver(Driver):
         if job.state == "RUNNING":
             # Not a sighting: Slurm says RUNNING for a while after a node goes silent. The job's own
             # reports from its node are the sightings (provisioning/slurm/callback.py).
-            SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state)
+            if record.slurm_state != job.state:
+                SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state)
             return PollResult(status="running")
         if not job.ended:
             SlurmJob.objects.filter(pk=record.pk).update(slurm_state=job.state, slurm_reason=job.reason or "")

@@ -16,6 +16,7 @@ slurmrestd's answers need some reading (seen on Slurm 22.05, v0.0.38):
 """
 
 import base64
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -133,6 +134,14 @@ def _jwt_expiry(token: str) -> int | None:
         return None
 
 
+@functools.cache
+def _tls_context():
+    """The one TLS context of every client (an https slurmrestd is verified against the usual CAs).
+    Building one loads the whole CA bundle, which costs more CPU than most requests, and the driver
+    makes a client per call: one a second for each starting instance."""
+    return httpx.create_ssl_context()
+
+
 class SlurmRest:
     """slurmrestd at `base_url` ("http://slurm-head:6820"), as Slurm user `user_name` with JWT `token`
     (`scontrol token username=<user> lifespan=<seconds>`). Each call takes at most `timeout` seconds."""
@@ -157,6 +166,7 @@ class SlurmRest:
             # Without a token, no token header: slurmrestd then answers 401 (an empty one gives 500).
             headers={"X-SLURM-USER-NAME": user_name, **({"X-SLURM-USER-TOKEN": token} if token else {})},
             transport=transport,
+            verify=_tls_context(),
         )
 
     def close(self) -> None:

@@ -126,3 +126,20 @@ def test_a_driver_that_cannot_follow_output_is_polled_fast_from_the_start(lab, s
 
     assert outcome["result"].ready
     assert asked >= 8
+
+
+@pytest.mark.parametrize("watches_output", [True, False])
+def test_once_it_serves_it_asks_about_twenty_times_a_second_not_in_a_loop(lab, starting, watches_output):
+    driver = OutputWatchingDriver()
+    driver.watches_output = watches_output
+    driver.print_serving_line()
+    thread, outcome = _wait_in_background(starting, driver, lab.endpoint)
+
+    time.sleep(1.0)
+    asked = lab.asked
+    lab.ready.set()
+    thread.join(timeout=10)
+
+    assert outcome["result"].ready
+    # Every READY_POLL_SECONDS (0.05 s); without a pause between polls it asked hundreds of times.
+    assert 8 <= asked <= 30
