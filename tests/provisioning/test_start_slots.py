@@ -53,7 +53,7 @@ def test_an_engine_starts_no_more_at_once_than_its_slots_and_the_rest_go_in_the_
     for number in range(6):
         threads.append(threading.Thread(target=launch, args=(number,)))
         threads[-1].start()
-        time.sleep(0.05)  # arrive one after another
+        time.sleep(0.2)  # arrive one after another, far enough apart for a loaded machine to keep the order
     for thread in threads:
         thread.join(30)
 
