@@ -40,6 +40,11 @@ REPORT_TIMEOUT_SECONDS = 120
 # How long stop waits for Slurm to say the cancelled job ended.
 STOP_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.25
+# While a start waits for the job's report it reads the job's row this often (the report lands there),
+# and asks slurmrestd only every JOB_POLL_SECONDS (for a pending reason, or the job's end): a burst of
+# launches asking four times a second each was CPU their own jobs' start-up needed, on slurmctld too.
+REPORT_POLL_SECONDS = 0.05
+JOB_POLL_SECONDS = 1.0
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"})
 # How a job's end maps to the instance's stop reason, where Slurm ended it for a reason DevCloud knows:
 # its node failed, or it reached its time limit (the instance's longest session).
@@ -230,8 +235,20 @@ class SlurmDriver(Driver):
                 said = waiting
             if time.monotonic() > deadline:
                 raise NotPlacedYet(waiting)
-            time.sleep(POLL_SECONDS)
+            if record.reported_at is None:
+                self._until_reported(spec.instance_id, min(JOB_POLL_SECONDS, deadline - time.monotonic()))
+            else:
+                time.sleep(POLL_SECONDS)  # reported, and Slurm does not say RUNNING yet
             job = rest.job(job.job_id)
+
+    @staticmethod
+    def _until_reported(instance_id, seconds: float) -> None:
+        """Returns once the job's report has come, or after `seconds`."""
+        until = time.monotonic() + seconds
+        while not SlurmJob.objects.filter(instance_id=instance_id, reported_at__isnull=False).exists():
+            if time.monotonic() >= until:
+                return
+            time.sleep(REPORT_POLL_SECONDS)
 
     def _node_address(self, rest: SlurmRest, node_name: str) -> str:
         for node in rest.nodes():
