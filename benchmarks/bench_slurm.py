@@ -73,7 +73,7 @@ from benchmarks import database_url as bench_database_url
 from benchmarks import layout_workers, scratch_database, start_kit_web
 
 DATABASE = "devcloud_bench_slurm"
-SINGLES = int(os.environ.get("BENCH_SLURM_SINGLES", "5"))
+SINGLES = int(os.environ.get("BENCH_SLURM_SINGLES", "8"))
 BURST = 8
 # Rounds per side, alternating which side goes first (an even number favours neither).
 BURST_ROUNDS = int(os.environ.get("BENCH_SLURM_BURST_ROUNDS", "4"))
