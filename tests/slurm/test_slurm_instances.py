@@ -182,7 +182,6 @@ def test_a_dead_node_ends_its_instance_as_host_down_charged_to_its_last_sighting
             return Instance.objects.get(pk=instance.id).state in (Instance.State.STOPPING, Instance.State.STOPPED)
 
         wait(settled, timeout=60, what="the instance on the dead node to be settled", interval=1)
-        settled_at = timezone.now()
         stopped = Instance.objects.get(pk=instance.id)
         assert stopped.stop_reason == StopReason.HOST_DOWN
         # Charged up to the job's last report from its node, before the node died, not up to when Slurm
@@ -191,7 +190,6 @@ def test_a_dead_node_ends_its_instance_as_host_down_charged_to_its_last_sighting
         assert charged == stopped.charged_gpu_seconds
         assert int((seen_running - stopped.ready_at).total_seconds()) <= charged
         assert charged <= int((killed_at - stopped.ready_at).total_seconds()) + 1
-        assert (settled_at - killed_at).total_seconds() > 5  # Slurm noticed later; that time is not charged
         assert Notification.objects.filter(user=alice, event_key=f"instance:{instance.id}:stopped").exists()
 
         # The launch that waited in the queue lands on the node that is alive, once that has room.
