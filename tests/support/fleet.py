@@ -975,20 +975,21 @@ def fleet_stop() -> None:
         _fleet = None
 
 
-def _session_fixture(function):
+def session_fixture(function):
+    """`function` as a session-scoped pytest fixture named without its "_fixture" suffix."""
     import pytest
 
     return pytest.fixture(scope="session", name=function.__name__.removesuffix("_fixture"))(function)
 
 
-@_session_fixture
+@session_fixture
 def fleet_fixture():
     """The running Fleet: fleet.hosts (two FleetHost, engines empty), fleet.registry, fleet.ca."""
     yield fleet_get()
     fleet_stop()
 
 
-@_session_fixture
+@session_fixture
 def fleet_cpu_image_fixture(fleet):
     """The CPU JupyterLab image's reference ("devcloud/cpu:<hash>"), built if needed and pushed to the
     fleet's registry (once). Hosts do not have it until fleet.pull(host, reference)."""

@@ -45,6 +45,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.fleet import session_fixture
+
 # Directories of running clusters, one per slot; outside the repository, since names, addresses and
 # cgroups are global to the machine whichever checkout starts the cluster.
 SLURM_ROOT = Path("/var/tmp/devcloud-slurm")
@@ -904,13 +906,7 @@ def slurm_cluster_stop() -> None:
         _cluster = None
 
 
-def _session_fixture(function):
-    import pytest
-
-    return pytest.fixture(scope="session", name=function.__name__.removesuffix("_fixture"))(function)
-
-
-@_session_fixture
+@session_fixture
 def slurm_cluster_fixture():
     """The running SlurmCluster: two idle nodes of eight stand-in GPUs each, partition "gpu"."""
     yield slurm_cluster_get()
