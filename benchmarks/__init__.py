@@ -41,6 +41,18 @@ def scratch_database(name: str):
         teardown_databases(old_config, verbosity=0)
 
 
+def ensure_cpu_image() -> str:
+    """The CPU image's reference, built first (scripts/build-images.sh cpu) when the engine lacks it."""
+    from portal.instances.catalog import image_reference
+
+    reference = image_reference("cpu")
+    inspect = subprocess.run(["docker", "image", "inspect", reference], capture_output=True, check=False)
+    if inspect.returncode != 0:
+        print(f"building {reference} (scripts/build-images.sh cpu) ...", flush=True)
+        subprocess.run(["bash", "scripts/build-images.sh", "cpu"], check=True, capture_output=True)
+    return reference
+
+
 def summarize_ms(samples_seconds: list[float]) -> dict:
     """median, p95 and max of durations given in seconds, in milliseconds."""
     ordered = sorted(samples_seconds)
@@ -79,7 +91,8 @@ def start_kit_web(
 ) -> subprocess.Popen:
     """The portal as the deploy kit's web unit runs it, on `port` against database `url`.
 
-    The unit's exact command line (deploy/systemd/devcloud-web.service) with the production settings;
+    The unit's exact command line (deploy/systemd/devcloud-web.service) with the settings production
+    runs (portal.settings.deployed: production without its refusal, which plain HTTP on loopback trips);
     only the port differs, and the number of worker processes follows the unit's rule, two per core.
     `host` is the address it listens on, loopback as in the unit unless a bench's clients live elsewhere
     (the Slurm test cluster's nodes reach this machine at the cluster's controller address).
@@ -94,7 +107,7 @@ def start_kit_web(
 
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings.production",
+        "DJANGO_SETTINGS_MODULE": "portal.settings.deployed",
         "DATABASE_URL": url,
         "SECRET_KEY": settings.SECRET_KEY,
         "SECURE_SSL_REDIRECT": "false",

@@ -59,7 +59,7 @@ TARGET_FIRST_MS = 10
 # The pair the target compares, measured alternately with nothing in between.
 PAIR = ("direct", "gateway")
 # Production names the session cookie __Host-sessionid, the lab cookie __Host-devcloud_lab
-# (portal/settings/production.py).
+# (portal/settings/deployed.py).
 PRODUCTION_SESSION_COOKIE = "__Host-sessionid"
 PRODUCTION_LAB_COOKIE = "__Host-devcloud_lab"
 

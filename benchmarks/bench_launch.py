@@ -68,7 +68,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import database_url as bench_database_url
-from benchmarks import layout_workers, scratch_database, start_kit_web
+from benchmarks import ensure_cpu_image, layout_workers, scratch_database, start_kit_web
 
 DATABASE = "devcloud_bench_launch"
 REPEAT = int(os.environ.get("BENCH_LAUNCH_REPEAT", "5"))
@@ -88,7 +88,7 @@ TIMEOUT = 180
 REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "9"))
 # The line JupyterLab logs once it serves (just before its event loop starts).
 SERVING_LINE = "Use Control-C to stop this server"
-# The production settings name the session cookie __Host-sessionid (portal/settings/production.py).
+# The production settings name the session cookie __Host-sessionid (portal/settings/deployed.py).
 PRODUCTION_SESSION_COOKIE = "__Host-sessionid"
 
 _poll = threading.local()
@@ -552,17 +552,6 @@ def _report(
     return {key: round(value, 3) for key, value in figures.items()}
 
 
-def _ensure_image() -> str:
-    from portal.instances.catalog import image_reference
-
-    reference = image_reference("cpu")
-    inspect = subprocess.run(["docker", "image", "inspect", reference], capture_output=True, check=False)
-    if inspect.returncode != 0:
-        print(f"building {reference} (scripts/build-images.sh cpu) ...", flush=True)
-        subprocess.run(["bash", "scripts/build-images.sh", "cpu"], check=True, capture_output=True)
-    return reference
-
-
 def main() -> dict:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if os.geteuid() != 0:
@@ -580,7 +569,7 @@ def main() -> dict:
     from tests.support.docker_instances import docker_client, remove_portal_objects
     from tests.support.worker import celery_publishing_to, redis_url, unique_queue
 
-    reference = _ensure_image()
+    reference = ensure_cpu_image()
     portal_id = f"bench-launch-{uuid.uuid4().hex[:8]}"
     plain = Plain(reference, f"devcloud.bench={portal_id}")
     default_queue, launch_queue = unique_queue("bench-default"), unique_queue("bench-launch")
@@ -624,7 +613,7 @@ def main() -> dict:
         # and queues.
         worker_env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "portal.settings.production",
+            "DJANGO_SETTINGS_MODULE": "portal.settings.deployed",
             "SECRET_KEY": settings.SECRET_KEY,
             "DATABASE_URL": database_url,
             "REDIS_URL": broker,

@@ -6,7 +6,7 @@ with 10,000 developers and 1,000,000 ledger entries.
   entries spread over the last 70 days and 3 stopped instances; the 50 users locust plays also have one
   running instance, whose status JSON they poll.
 - The portal runs as the deploy kit's web unit runs it (its exact uvicorn command line, two worker
-  processes per core) with the production settings (portal.settings.production: its database connection
+  processes per core) with the production settings (portal.settings.deployed, production without its refusal of loopback HTTP: its database connection
   pool, DEBUG off), over plain HTTP on loopback (SECURE_SSL_REDIRECT off; nginx terminates TLS in
   production).
 - locust (benchmarks/locust_pages.py) plays 50 users for LOAD_SECONDS after they have all started:

@@ -597,7 +597,7 @@ def _run(slurm_cluster) -> dict:
         # database, Redis, queues and portal id.
         env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "portal.settings.production",
+            "DJANGO_SETTINGS_MODULE": "portal.settings.deployed",
             "SECRET_KEY": settings.SECRET_KEY,
             "DATABASE_URL": database_url,
             "REDIS_URL": broker,

@@ -27,7 +27,19 @@ from dataclasses import dataclass
 
 # Tasks that wait on engines and JupyterLab. Image builds (provisioning.ensure_image) stay on the default
 # queue: they need the hard time limit only the prefork pool enforces (provisioning/images.py).
-PROVISIONING_TASKS = frozenset({"provisioning.provision_instance"})
+# The engine questions a page waits for (an instance's log, the console's engine check, GPU discovery and
+# a host's images) go here too: its threads are free within seconds, while the default worker's few
+# processes may all be busy with builds for an hour.
+PROVISIONING_TASKS = frozenset(
+    {
+        "provisioning.provision_instance",
+        "instances.log_read",
+        "provisioning.console_engine_ping",
+        "provisioning.console_host_check",
+        "provisioning.console_host_discover",
+        "provisioning.console_host_images",
+    }
+)
 
 # Threads of the provisioning worker, i.e. launches that may wait on JupyterLab at once. Each holds a
 # database connection only while it touches the database (CONN_MAX_AGE applies per thread).

@@ -1,6 +1,10 @@
 """Operator console for GPU hosts: register (with a live engine check), discover, the GPU map, drain, cordon
 and evict, retire, and the host's images with pre-pull or build jobs whose progress the page polls.
 
+Whatever asks an engine (the check, discovery, the image list) runs on the provisioning worker
+(console_calls.py): this web process has no Docker socket. When the worker does not answer, the page
+says so and still renders.
+
 Every state change goes through a confirmation page that asks for the reason, and through services, which
 record it in the audit log. The state is not editable on the host's form, so nothing bypasses that.
 """
@@ -22,8 +26,10 @@ from django.utils.timesince import timesince
 from portal.audit.services import audit_record
 from portal.instances import services as instance_services
 from portal.instances.models import Image, Instance
+from portal.lib.sealed import Unreadable
 
-from . import health, images, selectors, services
+from . import console_calls, gpu_health, health, images, selectors, services, shares
+from .drivers.docker_engine import limits_policy
 from .inventory import InventoryError
 from .models import Gpu, GpuHost, ImageJob
 
@@ -55,8 +61,9 @@ class GpuHostForm(forms.ModelForm):
             "sysfs_root",
             "dev_root",
             "state",
-            "cpus_per_gpu",
-            "memory_mb_per_gpu",
+            "cpus_per_gpu_override",
+            "memory_mb_per_gpu_override",
+            "shm_mb_per_gpu_override",
         ]
         widgets = {
             "tls_ca_cert": forms.Textarea(attrs={"rows": 4}),
@@ -69,6 +76,9 @@ class GpuHostForm(forms.ModelForm):
             "private_address": "Private address",
             "sysfs_root": "KFD sysfs root",
             "dev_root": "Device root",
+            "cpus_per_gpu_override": "CPUs per GPU (override)",
+            "memory_mb_per_gpu_override": "Memory per GPU, MB (override)",
+            "shm_mb_per_gpu_override": "/dev/shm per GPU, MB (override)",
         }
         help_texts = {
             "tls_ca_cert": "PEM of the CA that signed the engine's certificate (tcp:// endpoints).",
@@ -81,6 +91,10 @@ class GpuHostForm(forms.ModelForm):
             "sysfs_root": "Path ON THE HOST under which sys/class/kfd and sys/class/drm are read (through "
             "its engine): / on a real host.",
             "dev_root": "Path ON THE HOST under which dev/kfd and dev/dri live: / on a real host.",
+            "cpus_per_gpu_override": "Blank: an even share of the host's CPUs after its reserve, set at "
+            "discovery. May be fractional (0.5).",
+            "memory_mb_per_gpu_override": "Blank: an even share of the host's memory after its reserve.",
+            "shm_mb_per_gpu_override": "Blank: half the memory share. Counts against the memory share.",
         }
 
     def __init__(self, *args, **kwargs):
@@ -88,13 +102,26 @@ class GpuHostForm(forms.ModelForm):
         # The stored key is a secret: the form starts empty and keeps the stored one unless replaced.
         self.initial["tls_client_key"] = ""
 
+    def _stored_key(self) -> str | None:
+        """The stored client key, or None when this portal's sealing key cannot open it."""
+        try:
+            return self.instance.tls_client_key
+        except Unreadable:
+            return None
+
     def clean(self):
         cleaned = super().clean()
         if self.errors:
             return cleaned
         key = cleaned.get("tls_client_key", "")
+        stored_key = self._stored_key()
         if not key and cleaned.get("tls_client_cert") and self.instance.pk:
-            cleaned["tls_client_key"] = self.instance.tls_client_key
+            if stored_key is None:
+                raise ValidationError(
+                    "The stored TLS client key cannot be read with this portal's sealing key "
+                    "(DEVCLOUD_SEALING_KEY or SECRET_KEY changed): paste the key again."
+                )
+            cleaned["tls_client_key"] = stored_key
         if not cleaned.get("tls_client_cert"):
             cleaned["tls_client_key"] = ""
         try:
@@ -104,14 +131,39 @@ class GpuHostForm(forms.ModelForm):
             )
         except services.HostError as error:
             raise ValidationError(error.message) from error
+        self._check_share_overrides(cleaned)
         is_new = self.instance.pk is None
-        engine_changed = any(cleaned.get(name, "") != getattr(self.instance, name) for name in ENGINE_FIELDS)
-        if is_new or engine_changed:
+        stored = {name: getattr(self.instance, name) for name in ENGINE_FIELDS if name != "tls_client_key"}
+        stored["tls_client_key"] = stored_key
+        engine_changed = any(cleaned.get(name, "") != stored[name] for name in ENGINE_FIELDS)
+        self.engine_changed = is_new or engine_changed
+        if self.engine_changed:
             try:
-                services.engine_ping(**{name: cleaned.get(name, "") for name in ENGINE_FIELDS})
+                console_calls.engine_ping(**{name: cleaned.get(name, "") for name in ENGINE_FIELDS})
             except services.HostError as error:
                 raise ValidationError(f"Not saved: {error.message}") from error
         return cleaned
+
+
+    def _check_share_overrides(self, cleaned) -> None:
+        # Checked against what discovery last read of the host; a new host is checked at its discovery.
+        host = self.instance
+        errors = shares.overrides_check(
+            host_cpus=host.host_cpus,
+            host_memory_mb=host.host_memory_mb,
+            gpu_count=host.gpus.filter(is_present=True).count() if host.pk else 1,
+            cpus=cleaned.get("cpus_per_gpu_override"),
+            memory_mb=cleaned.get("memory_mb_per_gpu_override"),
+            shm_mb=cleaned.get("shm_mb_per_gpu_override"),
+            memory_share_mb=host.memory_mb_per_gpu if host.pk else None,
+        )
+        for key, name in (("cpus", "cpus_per_gpu_override"), ("memory_mb", "memory_mb_per_gpu_override")):
+            value = cleaned.get(name)
+            if value is not None and value <= 0:
+                errors[key] = "a share must be more than 0; leave it blank for the even share."
+        names = {"cpus": "cpus_per_gpu_override", "memory_mb": "memory_mb_per_gpu_override"}
+        for key, message in errors.items():
+            self.add_error(names.get(key, "shm_mb_per_gpu_override"), f"Not saved: {message}")
 
 
 class GpuInline(admin.TabularInline):
@@ -244,6 +296,29 @@ OPERATION_PERMISSIONS = {
 }
 
 
+# Returning a drained GPU is putting capacity back into service, like activating a host.
+GPU_RETURN_PERMISSION = "console.activate_host"
+
+
+def _gpu_health_cell(host, gpu) -> str:
+    """The GPU map's health cell: "ok" with its error counts, or DRAINED, why, and the way back."""
+    counts = (
+        f" (errors: {gpu.ras_uncorrectable} uncorrectable, {gpu.ras_correctable} correctable)"
+        if gpu.ras_uncorrectable is not None
+        else ""
+    )
+    if not gpu.is_drained:
+        return format_html("ok{}", counts)
+    return format_html(
+        '<strong class="errornote" data-testid="gpu-drained">DRAINED</strong> since {} UTC: {}{} '
+        '<a href="{}">Return to service</a>',
+        gpu.drained_at.strftime("%Y-%m-%d %H:%M") if gpu.drained_at else "—",
+        gpu.drained_reason,
+        counts,
+        reverse("admin:provisioning_gpuhost_gpu_return", args=[host.pk, gpu.pk]),
+    )
+
+
 def _live_on(host):
     return Instance.objects.filter(host=host, state__in=Instance.LIVE_STATES)
 
@@ -262,7 +337,15 @@ class GpuHostAdmin(admin.ModelAdmin):
     ]
     list_filter = ["state"]
     search_fields = ["name", "docker_url"]
-    readonly_fields = ["gpu_map", "kfd_gid", "last_seen_at", "last_error", "created_at"]
+    readonly_fields = [
+        "gpu_map",
+        "kfd_gid",
+        "last_seen_at",
+        "last_error",
+        "created_at",
+        "host_size",
+        "shares_given",
+    ]
     inlines = [GpuInline]
     actions = [
         "discover_gpus",
@@ -296,13 +379,39 @@ class GpuHostAdmin(admin.ModelAdmin):
             "tls_client_key",
             "private_address",
         ]
-        placement_fields = ["state", "sysfs_root", "dev_root", "cpus_per_gpu", "memory_mb_per_gpu"]
+        placement_fields = ["state", "sysfs_root", "dev_root"]
+        override_fields = ["cpus_per_gpu_override", "memory_mb_per_gpu_override", "shm_mb_per_gpu_override"]
         engine = ("Engine", {"fields": engine_fields})
         placement = ("Placement", {"fields": placement_fields})
+        shares_set = (
+            "Per-GPU shares",
+            {
+                "fields": ["host_size", "shares_given", *override_fields],
+                "description": "What each GPU's instance gets of the host: an even share of what discovery "
+                "read, after the host's reserve (docs/architecture.md, Right-sized instances), unless "
+                "overridden here.",
+            },
+        )
         if obj is None:
-            return [engine, placement]
+            return [engine, placement, ("Per-GPU shares", {"fields": override_fields})]
         health = ("Health", {"fields": ["kfd_gid", "last_seen_at", "last_error", "created_at"]})
-        return [("GPU map", {"fields": ["gpu_map"]}), engine, placement, health]
+        return [("GPU map", {"fields": ["gpu_map"]}), engine, placement, shares_set, health]
+
+    @admin.display(description="What the host has (last discovery)")
+    def host_size(self, host):
+        if not host.host_cpus and not host.host_memory_mb:
+            return 'Not read yet: run the "Discover GPUs" action.'
+        disk = f", {host.host_disk_gb} GB disk" if host.host_disk_gb else ""
+        return f"{host.host_cpus or '?'} CPUs, {(host.host_memory_mb or 0) / 1024:.0f} GiB memory{disk}"
+
+    @admin.display(description="Each GPU's instance gets")
+    def shares_given(self, host):
+        shm = (
+            f"{host.shm_mb_per_gpu / 1024:.1f} GiB"
+            if host.shm_mb_per_gpu
+            else "half the memory (at most 64 GiB)"
+        )
+        return f"{host.cpus_per_gpu:g} CPUs, {host.memory_mb_per_gpu / 1024:.1f} GiB memory, /dev/shm {shm}"
 
     @admin.display(description="GPUs in use")
     def gpus_used(self, host):
@@ -320,7 +429,7 @@ class GpuHostAdmin(admin.ModelAdmin):
         now = timezone.now()
         body = format_html_join(
             "",
-            "<tr><td>{}</td><td>/dev/dri/renderD{}</td><td>{}</td><td>{}</td>"
+            "<tr><td>{}</td><td>/dev/dri/renderD{}</td><td>{}</td><td>{}</td><td>{}</td>"
             "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
@@ -328,6 +437,7 @@ class GpuHostAdmin(admin.ModelAdmin):
                     row.gpu.render_minor,
                     _pci_address(row.gpu.location_id),
                     "yes" if row.gpu.is_present else "VANISHED",
+                    _gpu_health_cell(host, row.gpu),
                     _instance_link(row.instance) if row.instance else "free",
                     row.owner_email or "—",
                     row.held_since.strftime("%Y-%m-%d %H:%M UTC") if row.held_since else "—",
@@ -338,7 +448,7 @@ class GpuHostAdmin(admin.ModelAdmin):
             ),
         )
         return format_html(
-            "<table><thead><tr><th>KFD node</th><th>Render node</th><th>Location (PCI)</th><th>Present</th>"
+            "<table><thead><tr><th>KFD node</th><th>Render node</th><th>Location (PCI)</th><th>Present</th><th>Health</th>"
             "<th>Instance</th><th>Owner</th><th>Since</th><th>Held for</th></tr></thead><tbody>{}</tbody></table>",
             body,
         )
@@ -346,26 +456,57 @@ class GpuHostAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         if change:
+            if any(name.endswith("_override") for name in form.changed_data):
+                services.host_shares_apply(host_id=obj.pk)
+            if getattr(form, "engine_changed", False):
+                request.devcloud_host_saved = (obj.pk, False)
             return
-        # The form just reached the engine, so the host was seen now.
-        GpuHost.objects.filter(pk=obj.pk).update(last_seen_at=timezone.now())
         audit_record(
             actor=request.user,
             action="host.add",
             target=obj,
             details={"docker_url": obj.docker_url, "state": obj.state},
         )
+        request.devcloud_host_saved = (obj.pk, True)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # The admin saves inside a transaction; the worker that checks and discovers the host can see it
+        # only once that has committed, so the engine work follows the save instead of being part of it.
+        response = super().changeform_view(request, object_id, form_url, extra_context)
+        saved = getattr(request, "devcloud_host_saved", None)
+        if saved is not None:
+            self._engine_after_save(request, *saved)
+        return response
+
+    def _engine_after_save(self, request, host_id: int, is_new: bool) -> None:
+        """The engine check of a host just saved (on the worker: it records last_seen_at and what disk
+        limits the engine can enforce) with the disk-limit warning, so the operator learns it now rather
+        than at the first launch; then, for a new host, GPU discovery and the catalogue's images."""
         try:
-            summary = services.host_discover(host_id=obj.pk)
-        except InventoryError as error:
-            self.message_user(request, f"Saved, but GPU discovery failed: {error}", messages.WARNING)
+            console_calls.host_check(host_id=host_id)
+        except services.HostError as error:
+            self.message_user(request, f"Saved, but the engine check failed: {error.message}", messages.WARNING)
+        else:
+            host = GpuHost.objects.get(pk=host_id)
+            note = selectors.disk_limits_note(host, policy=limits_policy())
+            self.message_user(
+                request, f"{host.name}: {note.text}", messages.SUCCESS if note.ok else messages.WARNING
+            )
+        if not is_new:
+            return
+        try:
+            summary = console_calls.host_discover(host_id=host_id)
+        except (InventoryError, services.HostError) as error:
+            reason = error.message if isinstance(error, services.HostError) else error
+            self.message_user(request, f"Saved, but GPU discovery failed: {reason}", messages.WARNING)
         else:
             self.message_user(request, f"Discovered {summary}", messages.SUCCESS)
-        jobs = images.host_images_prefetch(host=obj, actor=request.user)
+        host = GpuHost.objects.get(pk=host_id)
+        jobs = images.host_images_prefetch(host=host, actor=request.user)
         if jobs:
             self.message_user(
                 request,
-                f"Putting {len(jobs)} catalogue image(s) onto {obj.name}; their progress shows on this host's page.",
+                f"Putting {len(jobs)} catalogue image(s) onto {host.name}; their progress shows on this host's page.",
                 messages.INFO,
             )
 
@@ -390,6 +531,7 @@ class GpuHostAdmin(admin.ModelAdmin):
                 ensure_image_url=reverse("admin:provisioning_gpuhost_ensure_image", args=[host.pk]),
                 can_ensure_images=self.has_ensure_images_permission(request),
                 health_history=health.health_history(host),
+                disk_limits=selectors.disk_limits_note(host, policy=limits_policy()),
                 heartbeat_seconds=health.heartbeat_seconds(),
             )
         return super().change_view(request, object_id, form_url, extra_context)
@@ -408,6 +550,11 @@ class GpuHostAdmin(admin.ModelAdmin):
                 view(self.ensure_image_view),
                 name="provisioning_gpuhost_ensure_image",
             ),
+            path(
+                "<int:host_id>/gpus/<int:gpu_id>/return/",
+                view(self.gpu_return_view),
+                name="provisioning_gpuhost_gpu_return",
+            ),
             path("image-jobs/", view(self.image_jobs_view), name="provisioning_gpuhost_image_jobs"),
             path(
                 "image-jobs/status.json",
@@ -425,6 +572,31 @@ class GpuHostAdmin(admin.ModelAdmin):
         host = get_object_or_404(GpuHost, pk=host_id)
         response = self._change_state(request, [host], HOST_OPERATIONS[operation], from_action=False)
         return response or redirect("admin:provisioning_gpuhost_change", host.pk)
+
+    def gpu_return_view(self, request, host_id, gpu_id):
+        """Return a drained GPU to service (provisioning/gpu_health.py): a page asking why, then the change."""
+        if not request.user.has_perm(GPU_RETURN_PERMISSION):
+            raise PermissionDenied
+        gpu = get_object_or_404(Gpu.objects.select_related("host"), pk=gpu_id, host_id=host_id)
+        form = ReasonForm(request.POST if request.method == "POST" else None)
+        error = ""
+        if request.method == "POST" and form.is_valid():
+            try:
+                gpu_health.gpu_return(gpu_id=gpu.pk, actor=request.user, reason=form.cleaned_data["reason"])
+            except gpu_health.GpuReturnError as refused:
+                error = str(refused)
+            else:
+                self.message_user(request, f"{gpu} is back in service: it takes new instances.", messages.SUCCESS)
+                return redirect("admin:provisioning_gpuhost_change", gpu.host_id)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Return {gpu} to service",
+            "gpu": gpu,
+            "form": form,
+            "error": error,
+        }
+        return TemplateResponse(request, "admin/provisioning/gpuhost/return_gpu.html", context)
 
     # Admin action permissions: Django calls has_<name>_permission(request).
     def has_drain_permission(self, request):
@@ -537,12 +709,11 @@ class GpuHostAdmin(admin.ModelAdmin):
     def discover_gpus(self, request, queryset):
         for host in queryset:
             try:
-                summary = services.host_discover(host_id=host.pk)
-            except InventoryError as error:
-                audit_record(
-                    actor=request.user, action="host.discover", target=host, details={"error": str(error)}
-                )
-                self.message_user(request, f"{host.name}: {error}", messages.ERROR)
+                summary = console_calls.host_discover(host_id=host.pk)
+            except (InventoryError, services.HostError) as error:
+                reason = error.message if isinstance(error, services.HostError) else str(error)
+                audit_record(actor=request.user, action="host.discover", target=host, details={"error": reason})
+                self.message_user(request, f"{host.name}: {reason}", messages.ERROR)
             else:
                 audit_record(
                     actor=request.user, action="host.discover", target=host, details={"found": str(summary)}
@@ -554,7 +725,7 @@ class GpuHostAdmin(admin.ModelAdmin):
     def check_engines(self, request, queryset):
         for host in queryset:
             try:
-                version = services.host_check(host_id=host.pk)
+                version = console_calls.host_check(host_id=host.pk)
             except services.HostError as error:
                 audit_record(
                     actor=request.user, action="host.check", target=host, details={"error": error.message}
@@ -568,6 +739,11 @@ class GpuHostAdmin(admin.ModelAdmin):
                     details={"docker_version": version.get("Version", "?")},
                 )
                 self.message_user(request, f"{host.name}: Docker {version.get('Version', '?')} answered.")
+                host.refresh_from_db()
+                note = selectors.disk_limits_note(host, policy=limits_policy())
+                self.message_user(
+                    request, f"{host.name}: {note.text}", messages.SUCCESS if note.ok else messages.WARNING
+                )
 
     # --- Images ------------------------------------------------------------------------------------
 

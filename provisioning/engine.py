@@ -27,6 +27,23 @@ def _write_private(directory: str, name: str, text: str) -> str:
     return path
 
 
+def host_tls(host) -> dict:
+    """The host's TLS settings as build_client takes them, its client key unsealed.
+
+    Raises EngineSettingsError when the stored key cannot be opened with this portal's sealing key."""
+    from portal.lib.sealed import Unreadable
+
+    try:
+        key = host.tls_client_key
+    except Unreadable as error:
+        raise EngineSettingsError(
+            f"The TLS client key of host {host.name} cannot be read: it was sealed with a key this portal "
+            "does not have (DEVCLOUD_SEALING_KEY or SECRET_KEY changed). Put the key it was sealed with "
+            "after the new one in DEVCLOUD_SEALING_KEY, or paste the client key again on the host's page."
+        ) from error
+    return {"tls_ca_cert": host.tls_ca_cert, "tls_client_cert": host.tls_client_cert, "tls_client_key": key}
+
+
 def has_tls(*, tls_ca_cert: str = "", tls_client_cert: str = "", tls_client_key: str = "") -> bool:
     return bool(tls_ca_cert or tls_client_cert or tls_client_key)
 

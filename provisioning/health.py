@@ -12,6 +12,9 @@ What happens to the instances of a host that went down or came back is the insta
 (portal.instances): this module only reports which hosts moved. With a driver that runs no engine (the
 `local` driver of `make run`, the tests' fake driver) the machine running the worker is the host, so it
 is alive whenever the beat runs.
+
+The same beat reads the health of every GPU of the hosts that answered (provisioning/gpu_health.py) and
+drains the ones that turned unhealthy.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +28,9 @@ from django.utils import timezone
 from portal.audit.models import AuditEntry
 from portal.audit.services import audit_record
 
-from . import services
-from .models import GpuHost
+from . import gpu_health, services
+from .engine import is_local_engine
+from .models import Gpu, GpuHost
 
 # At most this many engines are pinged at the same time.
 PING_THREADS = 16
@@ -40,6 +44,10 @@ class HeartbeatReport:
     answering: list[int] = field(default_factory=list)
     went_down: list[int] = field(default_factory=list)
     came_back: list[int] = field(default_factory=list)
+    # GPUs the health check drained this beat (provisioning/gpu_health.py), and hosts whose GPU health
+    # could not be read (id -> why).
+    gpus_drained: list[int] = field(default_factory=list)
+    gpu_health_unknown: dict[int, str] = field(default_factory=dict)
 
 
 def heartbeat_seconds() -> int:
@@ -58,9 +66,7 @@ def _ping(host: GpuHost) -> str:
     try:
         services.engine_ping(
             docker_url=host.docker_url,
-            tls_ca_cert=host.tls_ca_cert,
-            tls_client_cert=host.tls_client_cert,
-            tls_client_key=host.tls_client_key,
+            **services.engine_tls(host),
             timeout=max(1, min(services.ENGINE_TIMEOUT_SECONDS, heartbeat_seconds())),
         )
     except services.HostError as error:
@@ -91,7 +97,30 @@ def hosts_heartbeat(*, now: datetime | None = None) -> HeartbeatReport:
         if host.state in (GpuHost.State.ACTIVE, GpuHost.State.DRAINING) and now - heard >= down_after():
             if _host_down(host, failure=failure, now=now):
                 report.went_down.append(host.pk)
+    _gpus_health(hosts, report, now=now)
     return report
+
+
+def _gpus_health(hosts, report: HeartbeatReport, *, now: datetime) -> None:
+    """Read the GPU health of every host that answered, all at once, then drain the unhealthy GPUs."""
+    answering = [
+        host
+        for host in hosts
+        if host.pk in report.answering
+        and (settings.DEVCLOUD_DRIVER == "docker" or is_local_engine(host.docker_url))
+    ]
+    gpus = {host.pk: [] for host in answering}
+    for gpu in Gpu.objects.filter(host_id__in=gpus.keys(), is_present=True).order_by("node_id"):
+        gpus[gpu.host_id].append(gpu)
+    answering = [host for host in answering if gpus[host.pk]]
+    if not answering:
+        return
+    with ThreadPoolExecutor(max_workers=min(PING_THREADS, len(answering))) as pool:
+        readings = list(pool.map(lambda host: gpu_health.host_gpus_read(host, gpus[host.pk]), answering))
+    for host, reading in zip(answering, readings):
+        if reading.error:
+            report.gpu_health_unknown[host.pk] = reading.error
+        report.gpus_drained += gpu_health.host_gpus_judge(host, gpus[host.pk], reading, now=now)
 
 
 def _host_down(host: GpuHost, *, failure: str, now: datetime) -> bool:

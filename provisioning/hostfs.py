@@ -41,7 +41,8 @@ from docker.types import Mount
 
 from .drivers.base import DriverError
 from .engine import is_local_engine
-from .inventory import GpuInfo, InventoryError, SnapshotTree, inventory_from, read_inventory
+from .identity import install_id
+from .inventory import GpuInfo, InventoryError, LocalTree, SnapshotTree, inventory_from, read_inventory
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,22 @@ if [ "$mode" = survey ]; then
   done
   for d in /host/dev/kfd /host/dev/dri/renderD*; do
     [ -e "$d" ] && printf '\n@gid %s %s\n' "${d#/host/}" "$(stat -c %g "$d")"
+  done
+elif [ "$mode" = health ]; then
+  nodes="$root/sys/class/kfd/kfd/topology/nodes"
+  for f in "$nodes"/*/properties "$nodes"/*/gpu_id; do
+    [ -f "$f" ] || continue
+    printf '\n@file %s\n' "${f#"$root"/}"
+    cat "$f"
+  done
+  [ -d /host/dev/dri ] && printf '\n@dri\n'
+  for m in "$@"; do
+    [ -e "/host/dev/dri/renderD$m" ] && printf '\n@node %s\n' "$m"
+    for f in "$root/sys/class/drm/renderD$m/device/ras/"*_err_count; do
+      [ -f "$f" ] || continue
+      printf '\n@file %s\n' "${f#"$root"/}"
+      cat "$f" 2>/dev/null
+    done
   done
 else
   for m in "$@"; do
@@ -333,7 +350,7 @@ def _run_helper(host, mode: str, arguments: list[str], *, dev: bool) -> str:
                 labels={
                     "devcloud.helper": "hostfs",
                     "devcloud.helper.reads": mode,
-                    "devcloud.portal": settings.DEVCLOUD_PORTAL_ID,
+                    "devcloud.portal": install_id(),
                 },
                 user=HELPER_USER,
                 network_mode="none",
@@ -377,3 +394,108 @@ def _run_helper(host, mode: str, arguments: list[str], *, dev: bool) -> str:
                     container.remove(force=True)
                 except (docker.errors.DockerException, requests.RequestException):
                     pass
+
+
+# --- GPU health (provisioning/gpu_health.py) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuHealthReading:
+    """What one heartbeat read of one GPU: whether the KFD topology still lists it (a GPU that stopped
+    answering drops out of it), whether its device node exists, and the sums of the "ue:" and "ce:"
+    lines of its amdgpu RAS counters (ras/*_err_count under its PCI device), None when it has none."""
+
+    render_minor: int
+    listed: bool
+    device_node: bool
+    ras_uncorrectable: int | None
+    ras_correctable: int | None
+
+
+def gpu_health(host, render_minors) -> dict[int, GpuHealthReading]:
+    """render minor -> GpuHealthReading for each of `render_minors` on the host.
+
+    Read here for this machine's engine, through the host's engine otherwise. Raises InventoryError
+    (HostFilesError when the engine is at fault) when the host shows no KFD topology or no dev/dri at
+    all: that says nothing about one GPU, so no GPU is judged on it.
+    """
+    minors = sorted(set(int(minor) for minor in render_minors))
+    if is_local_engine(host.docker_url):
+        sysfs_root, dev_root = Path(host.sysfs_root or "/"), Path(host.dev_root or "/")
+        dri = dev_root / "dev" / "dri"
+        if not dri.is_dir():
+            raise HostFilesError(f"Host {host.name} has no {dri}: are the host's device root and amdgpu right?")
+        listed = {gpu.drm_render_minor for gpu in inventory_from(LocalTree(sysfs_root))}
+        files = {}
+        for minor in minors:
+            ras = sysfs_root / _ras_dir(minor)
+            for path in sorted(ras.glob("*_err_count")) if ras.is_dir() else []:
+                try:
+                    files[f"{_ras_dir(minor)}/{path.name}"] = path.read_text()
+                except OSError:
+                    continue
+        nodes = {minor for minor in minors if (dri / f"renderD{minor}").exists()}
+    else:
+        output = _run_helper(host, "health", [str(minor) for minor in minors], dev=True)
+        files, nodes, has_dri = _parse_health(output, host)
+        if not has_dri:
+            raise HostFilesError(f"Host {host.name} shows no dev/dri: are the host's device root and amdgpu right?")
+        listed = {gpu.drm_render_minor for gpu in inventory_from(SnapshotTree(files, f"{host.name}:{host.sysfs_root or '/'}"))}
+    readings = {}
+    for minor in minors:
+        uncorrectable, correctable = ras_counts(
+            [text for path, text in files.items() if path.startswith(_ras_dir(minor) + "/")]
+        )
+        readings[minor] = GpuHealthReading(
+            render_minor=minor,
+            listed=minor in listed,
+            device_node=minor in nodes,
+            ras_uncorrectable=uncorrectable,
+            ras_correctable=correctable,
+        )
+    return readings
+
+
+def _ras_dir(minor: int) -> str:
+    # renderD<minor>/device is the GPU's PCI device, the same directory as card<N>/device.
+    return f"sys/class/drm/renderD{minor}/device/ras"
+
+
+def ras_counts(texts) -> tuple[int | None, int | None]:
+    """(uncorrectable, correctable): the sums of the "ue: N" and "ce: N" lines of amdgpu's
+    ras/<block>_err_count files (`texts`, one per file). (None, None) when there are none; lines of
+    other forms ("de: N", deferred errors on newer kernels) are left out."""
+    if not texts:
+        return None, None
+    totals = {"ue": 0, "ce": 0}
+    for text in texts:
+        for line in text.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() in totals and value.strip().isdigit():
+                totals[name.strip()] += int(value.strip())
+    return totals["ue"], totals["ce"]
+
+
+def _parse_health(output: str, host) -> tuple[dict[str, str], set[int], bool]:
+    """(files by path, render minors whose device node exists, whether dev/dri exists) from the
+    helper's output in health mode."""
+    files: dict[str, str] = {}
+    nodes: set[int] = set()
+    has_dri = ended = False
+    current = None
+    for line in output.splitlines():
+        if line.startswith("@file "):
+            current = line[len("@file ") :]
+            files[current] = ""
+        elif line.startswith("@node "):
+            current = None
+            nodes.add(int(line[len("@node ") :]))
+        elif line == "@dri":
+            current, has_dri = None, True
+        elif line == "@end":
+            current, ended = None, True
+        elif current is not None:
+            files[current] += line + "\n"
+    if not ended:
+        raise HostFilesError(f"The helper container on host {host.name} was cut off before it finished.")
+    return files, nodes, has_dri

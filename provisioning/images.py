@@ -26,6 +26,7 @@ from portal.instances.models import Image
 from portal.lib.tasks import publish
 
 from . import services
+from .console_calls import host_image_tags
 from .drivers.base import DriverError
 from .drivers.docker_engine import DockerEngine
 from .models import GpuHost, HostImage, ImageJob
@@ -67,23 +68,15 @@ class HostImages:
 
 
 def host_images(host: GpuHost) -> HostImages:
-    """Which enabled catalogue images the host has ("present") and which it lacks ("missing").
+    """Which enabled catalogue images the host has ("present") and which it lacks ("missing"), as the
+    provisioning worker reads them from the host's engine (console_calls.host_image_tags).
 
-    Never raises for an engine that does not answer: the result's `error` says why instead, so the
-    host's page still renders. The engine is pinged first (a few seconds at most), so a host that has
-    gone silent does not hold the page for the longer timeout of an ordinary API call.
+    Never raises for an engine or a worker that does not answer: the result's `error` says why instead,
+    so the host's page still renders.
     """
     try:
-        services.engine_ping(
-            docker_url=host.docker_url,
-            tls_ca_cert=host.tls_ca_cert,
-            tls_client_cert=host.tls_client_cert,
-            tls_client_key=host.tls_client_key,
-        )
-        tags = set(DockerEngine(host).images())
+        tags = set(host_image_tags(host))
     except services.HostError as error:
-        return HostImages(error=error.message)
-    except DriverError as error:
         return HostImages(error=error.message)
     catalogue = list(Image.objects.filter(is_enabled=True))
     host_images_record(host=host, references=[image.reference for image in catalogue], present=tags)

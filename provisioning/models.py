@@ -2,6 +2,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
+from portal.lib.sealed import SealedTextField
+
 # Kept by the database (migration 0006), never written from Python: see GpuHost.gpus_present.
 GPU_COUNT_FIELDS = ("gpus_present", "gpus_free")
 
@@ -71,10 +73,11 @@ class GpuHost(models.Model):
     slurm_partition = models.CharField(max_length=100, blank=True, default="")
     # "unix:///var/run/docker.sock" or "tcp://gpu-01.example.com:2376".
     docker_url = models.CharField(max_length=300, default="unix:///var/run/docker.sock")
-    # PEM text of the TLS client certificate, its key and the CA, for tcp:// endpoints.
+    # PEM text of the TLS client certificate, its key and the CA, for tcp:// endpoints. The key is root on
+    # the host: sealed in the column (portal/lib/sealed.py), plain text on the model.
     tls_ca_cert = models.TextField(blank=True, default="")
     tls_client_cert = models.TextField(blank=True, default="")
-    tls_client_key = models.TextField(blank=True, default="")
+    tls_client_key = SealedTextField(blank=True, default="")
     # Paths ON THE HOST (its engine bind-mounts them into a helper container; see provisioning/hostfs.py).
     # Root under which sys/class/kfd/... and sys/class/drm/... are read; "/" on a real host.
     sysfs_root = models.CharField(max_length=300, default="/")
@@ -88,17 +91,38 @@ class GpuHost(models.Model):
     # get it (with their render nodes' gids) so uid 1000 may open the GPU. Null until discovered.
     kfd_gid = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=20, choices=State.choices, default=State.ACTIVE, db_index=True)
-    # Per-GPU share of the host given to a container.
+    # Per-GPU share of the host given to a container: what start specs use. Discovery sets each to the
+    # operator's override, or else to an even share of what it read (provisioning/shares.py); an
+    # operator sets them directly on a Slurm partition.
     cpus_per_gpu = models.FloatField(default=1.0)
     memory_mb_per_gpu = models.PositiveIntegerField(default=4096)
+    # /dev/shm per GPU; null: half the memory share, at most 64 GiB (portal/instances/start_spec.py).
+    shm_mb_per_gpu = models.PositiveIntegerField(null=True, blank=True)
+    # What discovery last read of the host (null until then, or where it could not tell).
+    host_cpus = models.PositiveIntegerField(null=True, blank=True)
+    host_memory_mb = models.PositiveBigIntegerField(null=True, blank=True)
+    host_disk_gb = models.PositiveIntegerField(null=True, blank=True)
+    # An operator's per-GPU shares for this host: they win over the even share; blank: the even share.
+    cpus_per_gpu_override = models.FloatField(null=True, blank=True)
+    memory_mb_per_gpu_override = models.PositiveIntegerField(null=True, blank=True)
+    shm_mb_per_gpu_override = models.PositiveIntegerField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # What the host's engine said it can limit when it was last registered or checked
+    # (docker_engine.disk_limit_support; null: never asked): a workspace volume's size, and a container's
+    # writable layer. The storage it reported ("overlay2 on extfs") and, when it cannot, why.
+    can_limit_workspaces = models.BooleanField(null=True, blank=True)
+    can_limit_writable_layers = models.BooleanField(null=True, blank=True)
+    engine_storage = models.CharField(max_length=200, blank=True, default="")
+    disk_limits_reason = models.TextField(blank=True, default="")
+    disk_limits_checked_at = models.DateTimeField(null=True, blank=True)
     # True for a machine without AMD GPUs that `make run` registers with a KFD topology copied from a real
     # MI300X host and stand-in device nodes: launches work end to end, but no program sees a real GPU.
     # Every page that shows such a host or its instances says so.
     is_simulated = models.BooleanField(default=False)
-    # Its present GPUs, and those of them without a live allocation: what placement picks a host by,
+    # Its present GPUs (not drained: migration 0008), and those of them without a live allocation: what
+    # placement picks a host by,
     # without counting GPU rows. On PostgreSQL, triggers on Gpu and GpuAllocation (migration 0006) change
     # them in the same statement as any row that changes them, whoever writes it (allocate, release,
     # discovery, the admin, a test), after locking this row; save() leaves them out. On SQLite (make run)
@@ -160,6 +184,16 @@ class Gpu(models.Model):
     # Group id that owns /dev/dri/renderD<minor> on the host (usually `render`, `video` on older
     # systems), as discovery last read it. Null until discovered, or when the node was missing.
     render_gid = models.PositiveIntegerField(null=True, blank=True)
+    # GPU health (provisioning/gpu_health.py), read on every heartbeat. A drained GPU takes no new
+    # placements and the host's GPU counts leave it out (migration 0008), until an operator returns it.
+    is_drained = models.BooleanField(default=False)
+    drained_reason = models.TextField(blank=True, default="")
+    drained_at = models.DateTimeField(null=True, blank=True)
+    # Sums of the "ue:" and "ce:" lines of its ras/*_err_count files at the last reading; null when the
+    # driver shows no RAS counters (or before the first reading).
+    ras_uncorrectable = models.PositiveBigIntegerField(null=True, blank=True)
+    ras_correctable = models.PositiveBigIntegerField(null=True, blank=True)
+    health_checked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["host", "node_id"]
@@ -325,3 +359,15 @@ class SlurmJob(models.Model):
 
     def __str__(self):
         return f"{self.name} (job {self.job_id})"
+
+
+class Installation(models.Model):
+    """This install's own id (one row, pk 1): labels its containers and volumes, names its Slurm jobs and
+    keys its start slots, so two installs sharing an engine never touch each other's. Made at random by
+    migration 0008 (or on first use), kept with the data; see provisioning/identity.py."""
+
+    install_id = models.CharField(max_length=40, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.install_id

@@ -63,7 +63,7 @@ TABLES = {
 
 # The instance, locked, with what placement needs to know about it.
 _LAUNCH_SQL = """
-SELECT i.state, i.size, image.reference, workspace.host_id,
+SELECT i.state, i.size, i.host_id, image.reference, workspace.host_id,
     EXISTS (
         SELECT 1 FROM {host_image} hi
         WHERE hi.host_id = workspace.host_id AND hi.reference = image.reference AND hi.present
@@ -73,11 +73,12 @@ JOIN {image} image ON image.id = i.image_id
 LEFT JOIN {workspace} workspace ON workspace.user_id = i.user_id
 WHERE i.id = %s
 """
-# A host's present and free GPUs: the columns the triggers keep on PostgreSQL (migration 0006), a count of
-# its rows on SQLite, which has no such triggers.
-_COUNTED_PRESENT = "(SELECT count(*) FROM {gpu} g WHERE g.host_id = h.id AND g.is_present)"
+# A host's present and free GPUs: the columns the triggers keep on PostgreSQL (migrations 0006, 0008), a
+# count of its rows on SQLite, which has no such triggers. A drained GPU (provisioning/gpu_health.py)
+# counts as neither.
+_COUNTED_PRESENT = "(SELECT count(*) FROM {gpu} g WHERE g.host_id = h.id AND g.is_present AND NOT g.is_drained)"
 _COUNTED_FREE = (
-    "(SELECT count(*) FROM {gpu} g WHERE g.host_id = h.id AND g.is_present AND NOT EXISTS"
+    "(SELECT count(*) FROM {gpu} g WHERE g.host_id = h.id AND g.is_present AND NOT g.is_drained AND NOT EXISTS"
     " (SELECT 1 FROM {allocation} live WHERE live.gpu_id = g.id AND live.released_at IS NULL))"
 )
 # The 1x packing order; on PostgreSQL, the index provisioning_gpuhost_packing is in exactly this order.
@@ -99,7 +100,7 @@ _SURVEYED = "EXISTS (SELECT 1 FROM {host_image} hi WHERE hi.host_id = h.id)"
 _TAKE_SQL = """
 INSERT INTO {allocation} (gpu_id, instance_id, allocated_at, released_at)
 SELECT g.id, %s, %s, NULL FROM {gpu} g
-WHERE g.host_id = %s AND g.is_present
+WHERE g.host_id = %s AND g.is_present AND NOT g.is_drained
     AND NOT EXISTS (
         SELECT 1 FROM {allocation} live WHERE live.gpu_id = g.id AND live.released_at IS NULL LIMIT 1 OFFSET 0
     )
@@ -118,6 +119,8 @@ class SchedulerError(Exception):
 class _Launch:
     state: str
     size: str
+    # The host it was given (None until _take gives it one), read from the locked row itself.
+    host_id: int | None
     reference: str
     # The host of the owner's workspace (None without one), and whether it has the image.
     home_host_id: int | None
@@ -145,8 +148,8 @@ def _lock_launch(cursor, instance_id) -> _Launch | None:
     row = cursor.fetchone()
     if row is None:
         return None
-    state, size, reference, home_host_id, home_has_image = row
-    return _Launch(state, size, reference, home_host_id, bool(home_has_image))
+    state, size, host_id, reference, home_host_id, home_has_image = row
+    return _Launch(state, size, host_id, reference, home_host_id, bool(home_has_image))
 
 
 def _counts() -> dict:
@@ -264,12 +267,15 @@ def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAlloc
         size = SIZES.get(launch.size)
         if size is None:
             raise SchedulerError(f"Unknown instance size {launch.size!r}.")
-        # Asked again, in a statement of its own: a call that waited for the lock read the rest of its
-        # row under the snapshot from before the wait, and would not see the allocations of the call it
-        # waited for (PostgreSQL re-reads only the locked row itself).
-        held = list(GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True))
-        if held:
-            return held
+        # An instance that was never given a host holds no GPUs: _take sets the host in the transaction
+        # that allocates. The host comes from the locked row, which PostgreSQL re-reads once a call that
+        # waited for the lock gets it, so a duplicate call sees the first call's host. Only then are the
+        # allocations asked for, in a statement of their own: the rest of the row was read under the
+        # snapshot from before the wait and would not show the first call's allocations.
+        if launch.host_id is not None:
+            held = list(GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True))
+            if held:
+                return held
 
         candidates = _locked_candidates(
             cursor, launch=launch, gpus_needed=size.gpus, reserve_whole_hosts=reserve_whole_hosts

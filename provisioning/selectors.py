@@ -123,3 +123,54 @@ def hosts_in_service_summary() -> HostsInService:
 def simulated_hosts_in_service() -> bool:
     """True when a host in service has simulated GPUs (what `make run` registers on a machine without any)."""
     return in_service_hosts().filter(is_simulated=True).exists()
+
+
+@dataclass(frozen=True)
+class DiskLimitsNote:
+    """What the host page and registration say about the host's disk limits: `ok` False when its engine
+    cannot enforce one of them (or was never asked), and the words."""
+
+    ok: bool
+    text: str
+
+
+def disk_limits_note(host: GpuHost, *, policy: str) -> DiskLimitsNote:
+    """Whether `host`'s engine enforces the workspace and writable-layer limits, as of its last check, and
+    what that means under `policy` (settings.DEVCLOUD_DISK_LIMITS: "enforce" or "warn")."""
+    if host.can_limit_workspaces is None or host.can_limit_writable_layers is None:
+        why = f" ({host.disk_limits_reason})" if host.disk_limits_reason else ""
+        return DiskLimitsNote(
+            ok=False,
+            text=f"Not known whether its engine can enforce disk limits{why}: run \"Check the Docker engine "
+            "connection\" once it answers.",
+        )
+    storage = f" ({host.engine_storage})" if host.engine_storage else ""
+    missing = [
+        what
+        for what, can in (
+            ("workspace volumes", host.can_limit_workspaces),
+            ("containers' writable layers", host.can_limit_writable_layers),
+        )
+        if not can
+    ]
+    if not missing:
+        return DiskLimitsNote(
+            ok=True,
+            text=f"Its engine{storage} enforces both disk limits: the size of workspace volumes and of "
+            "containers' writable layers.",
+        )
+    cannot = f"Its engine{storage} cannot limit the size of {' or '.join(missing)}"
+    if host.disk_limits_reason:
+        cannot += f" ({host.disk_limits_reason})"
+    fix = 'give its engine a data root on XFS mounted with pquota (docs/architecture.md, "Disk limits")'
+    if policy == "warn":
+        return DiskLimitsNote(
+            ok=False,
+            text=f"{cannot}. With DEVCLOUD_DISK_LIMITS=warn, instances there run without that limit, so one "
+            f"of them can fill the host's disk; to enforce it, {fix}.",
+        )
+    return DiskLimitsNote(
+        ok=False,
+        text=f"{cannot}. With DEVCLOUD_DISK_LIMITS=enforce, launches on this host will be refused: {fix}, "
+        "or set DEVCLOUD_DISK_LIMITS=warn to run instances there without the limit.",
+    )

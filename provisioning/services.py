@@ -22,14 +22,16 @@ from django.utils import timezone
 from portal.audit.services import audit_record
 from portal.instances.models import Instance
 
+from . import hostfs, shares
+from .drivers.docker_engine import disk_limit_support
 from .engine import (
     EngineSettingsError,
     build_client,
     has_tls,
+    host_tls,
     private_address_for,
     refuse_insecure_endpoint,
 )
-from . import hostfs
 from .inventory import InventoryError
 from .models import Gpu, GpuAllocation, GpuHost
 
@@ -51,6 +53,14 @@ class HostError(Exception):
 
 class HostUnreachable(HostError):
     """The host's Docker engine did not answer."""
+
+
+def engine_tls(host: GpuHost) -> dict:
+    """The host's TLS settings, its client key unsealed. Raises HostError when the key cannot be opened."""
+    try:
+        return host_tls(host)
+    except EngineSettingsError as error:
+        raise HostError(str(error)) from error
 
 
 @dataclass
@@ -221,6 +231,7 @@ def host_register(
         )
         if check:
             GpuHost.objects.filter(pk=host.pk).update(last_seen_at=timezone.now())
+            host_disk_limits_check(host_id=host.pk)
         if discover:
             host_discover(host_id=host.pk)
     host.refresh_from_db()
@@ -237,15 +248,42 @@ def host_check(*, host_id: int) -> dict:
     try:
         version = engine_ping(
             docker_url=host.docker_url,
-            tls_ca_cert=host.tls_ca_cert,
-            tls_client_cert=host.tls_client_cert,
-            tls_client_key=host.tls_client_key,
+            **engine_tls(host),
         )
     except HostError as error:
         GpuHost.objects.filter(pk=host_id).update(last_error=error.message)
         raise
     GpuHost.objects.filter(pk=host_id).update(last_seen_at=timezone.now(), last_error="")
+    host_disk_limits_check(host_id=host_id)
     return version
+
+
+def host_disk_limits_check(*, host_id: int) -> GpuHost:
+    """Ask the host's engine what disk limits it can enforce (docker_engine.disk_limit_support) and store
+    the answer on the host, so its page and registration say so before a launch finds out. Returns the
+    host as saved. An engine that fails the question leaves the answer unknown (null) with its reason;
+    raises HostError only for TLS settings that cannot be used."""
+    host = GpuHost.objects.get(pk=host_id)
+    values = {"disk_limits_checked_at": timezone.now()}
+    with engine_client(docker_url=host.docker_url, **engine_tls(host)) as client:
+        try:
+            support = disk_limit_support(client)
+        except (docker.errors.DockerException, requests.RequestException, OSError) as error:
+            values.update(
+                can_limit_workspaces=None,
+                can_limit_writable_layers=None,
+                disk_limits_reason=f"the engine could not be asked: {_unreachable_message(host.docker_url, error)}",
+            )
+        else:
+            values.update(
+                can_limit_workspaces=support["workspace"],
+                can_limit_writable_layers=support["writable_layer"],
+                engine_storage=support["storage"][:200],
+                disk_limits_reason=support["reason"],
+            )
+    GpuHost.objects.filter(pk=host_id).update(**values)
+    host.refresh_from_db()
+    return host
 
 
 def host_discover(*, host_id: int) -> DiscoverySummary:
@@ -271,6 +309,7 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
     except InventoryError as error:
         GpuHost.objects.filter(pk=host_id).update(last_error=f"GPU discovery failed: {error}")
         raise
+    resources = shares.host_resources(host)
     summary = DiscoverySummary(host_name=host.name, present=len(inventory))
     with transaction.atomic():
         GpuHost.objects.select_for_update().get(pk=host_id)
@@ -318,7 +357,40 @@ def host_discover(*, host_id: int) -> DiscoverySummary:
             held = GpuAllocation.objects.filter(gpu__in=vanished, released_at__isnull=True)
             summary.vanished_held = sorted(set(held.values_list("gpu__node_id", flat=True)))
         GpuHost.objects.filter(pk=host_id).update(last_error="")
+        _host_shares_write(host_id=host_id, resources=resources, gpu_count=len(inventory))
     return summary
+
+
+def _host_shares_write(*, host_id: int, resources: shares.HostResources, gpu_count: int) -> None:
+    # What discovery read (where it could), and each GPU's share: the override, else an even share of it.
+    host = GpuHost.objects.get(pk=host_id)
+    if resources.cpus:
+        host.host_cpus = resources.cpus
+    if resources.memory_mb:
+        host.host_memory_mb = resources.memory_mb
+    if resources.disk_gb:
+        host.host_disk_gb = resources.disk_gb
+    computed = shares.even_shares(
+        shares.HostResources(cpus=host.host_cpus, memory_mb=host.host_memory_mb), gpu_count
+    )
+    values = shares.effective_shares(host, computed)
+    GpuHost.objects.filter(pk=host_id).update(
+        host_cpus=host.host_cpus, host_memory_mb=host.host_memory_mb, host_disk_gb=host.host_disk_gb, **values
+    )
+
+
+def host_shares_apply(*, host_id: int) -> GpuHost:
+    """Recompute the host's per-GPU shares from its overrides and what discovery last read (no engine
+    call), e.g. after an operator changed an override. Returns the host as saved."""
+    with transaction.atomic():
+        host = GpuHost.objects.select_for_update().get(pk=host_id)
+        gpu_count = Gpu.objects.filter(host_id=host_id, is_present=True).count()
+        computed = shares.even_shares(
+            shares.HostResources(cpus=host.host_cpus, memory_mb=host.host_memory_mb), gpu_count
+        )
+        GpuHost.objects.filter(pk=host_id).update(**shares.effective_shares(host, computed))
+    host.refresh_from_db()
+    return host
 
 
 # --- Host state: drain, cordon and evict, retire, reactivate ---------------------------------------------

@@ -114,7 +114,9 @@ class Line:
 
     @property
     def prefix(self) -> str:
-        return f"devcloud:start-slots:{settings.DEVCLOUD_PORTAL_ID}:{self.engine}"
+        from .identity import install_id
+
+        return f"devcloud:start-slots:{install_id()}:{self.engine}"
 
     @property
     def keys(self) -> list[str]:

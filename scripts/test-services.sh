@@ -11,7 +11,11 @@
 #   debootstrap to build the CPU JupyterLab image without a registry
 #   openssh-client  the real ssh and scp the SSH gateway's tests run
 #   fleet       the test fleet (tests/support/fleet.py): ip (iproute2), nsenter (util-linux), iptables,
-#               docker-registry; a registry and engines in network namespaces, started by the tests
+#               docker-registry, mkfs.xfs (xfsprogs), mkfs.btrfs (btrfs-progs); a registry and engines in
+#               network namespaces, each on a loop-mounted data root that enforces disk limits, started by
+#               the tests
+#   promtool    checks deploy/prometheus/alerts.yml; from Debian's prometheus package, whose server this
+#               script does not leave running when it installed the package
 #   slurm       the test Slurm cluster (tests/support/slurm.py): slurmctld, slurmd, slurm-client, munge,
 #               slurmrestd, runc; munge, the controller and one slurmd per node, started by the tests
 #
@@ -30,11 +34,16 @@ echo "test-services: checking PostgreSQL, Redis, Docker, Chromium"
 
 # --- Packages ---------------------------------------------------------------------------------------
 needed=(postgresql redis-server docker.io debootstrap debian-archive-keyring chromium fonts-dejavu-core
-  ca-certificates xz-utils nginx-core iproute2 util-linux iptables docker-registry openssh-client
-  slurmctld slurmd slurm-client munge slurmrestd runc)
+  ca-certificates xz-utils nginx-core iproute2 util-linux iptables docker-registry xfsprogs btrfs-progs openssh-client
+  slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin runc prometheus)
+had_prometheus=$(dpkg-query -W -f='${db:Status-Status}' prometheus 2>/dev/null || true)
 if ! bash scripts/apt-install.sh "${needed[@]}"; then
   echo "test-services: could not install ${needed[*]}" >&2
   exit 1
+fi
+# Only promtool is wanted: a Prometheus server that the package just started on :9090 is stopped again.
+if [ "$had_prometheus" != "installed" ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+  systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 
 # --- PostgreSQL ---------------------------------------------------------------------------------------
@@ -150,7 +159,8 @@ else
   status chromium "NOT FOUND at /usr/bin/chromium: browser tests will fail (Ubuntu: no deb package, see README)"
 fi
 status debootstrap "$(command -v debootstrap || echo 'NOT FOUND')"
-fleet_tools=$(for tool in ip nsenter iptables dockerd docker-registry; do command -v "$tool" >/dev/null || printf '%s ' "$tool"; done)
-status fleet "${fleet_tools:+MISSING $fleet_tools(the fleet tests will skip)}${fleet_tools:-ip, nsenter, iptables, dockerd, docker-registry}"
+status promtool "$(command -v promtool || echo 'NOT FOUND: the alert rules test will fail')"
+fleet_tools=$(for tool in ip nsenter iptables dockerd docker-registry mkfs.xfs mkfs.btrfs; do command -v "$tool" >/dev/null || printf '%s ' "$tool"; done)
+status fleet "${fleet_tools:+MISSING $fleet_tools(the fleet tests will skip)}${fleet_tools:-ip, nsenter, iptables, dockerd, docker-registry, mkfs.xfs, mkfs.btrfs}"
 slurm_tools=$(for tool in munged slurmctld slurmd slurmrestd scontrol runc; do command -v "$tool" >/dev/null || printf '%s ' "$tool"; done)
 status slurm "${slurm_tools:+MISSING $slurm_tools(the slurm tests will skip)}${slurm_tools:-$(slurmctld -V 2>/dev/null), munged, slurmrestd, runc $(runc --version 2>/dev/null | sed -n '1s/^runc version //p')}"

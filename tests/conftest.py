@@ -11,6 +11,7 @@ import datetime
 import ipaddress
 import os
 import re
+import shutil
 import ssl
 import uuid
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ from portal.credits.models import CreditAccount
 from provisioning.drivers import fake
 from provisioning.inventory import read_inventory
 from provisioning.localhost import standin_devices_make
+
+# Skipped tests fail the run unless it says why it allows them (tests/support/skips.py).
+pytest_plugins = ["tests.support.skips"]
 
 PASSWORD = "correct horse battery staple"
 HOUR = 3600
@@ -347,3 +351,52 @@ def host_engine_mtls(host_pki):
         "tls_client_key": host_pki.client_key,
     }
     forwarder.close()
+
+
+# --- GPU health: a host whose GPUs fail the way real ones do (provisioning/gpu_health.py) ---------------
+
+
+class FakeHostFiles:
+    """The host's sysfs and /dev, with ways to break one GPU the way a failing one breaks."""
+
+    def __init__(self, root: Path):
+        self.sysfs = root / "sysfs"
+        shutil.copytree(KFD_FIXTURES / "mi300x-8gpu", self.sysfs)
+        self.dev = make_kfd_dev_root(root / "dev-root", MI300X_RENDER_MINORS).path
+
+    def ras(self, minor: int, block: str = "umc", *, ue: int = 0, ce: int = 0) -> None:
+        path = self.sysfs / f"sys/class/drm/renderD{minor}/device/ras/{block}_err_count"
+        path.write_text(f"ue: {ue}\nce: {ce}\n")
+
+    def remove_device_node(self, minor: int) -> None:
+        (self.dev / "dev" / "dri" / f"renderD{minor}").unlink()
+
+    def drop_from_kfd(self, minor: int) -> None:
+        nodes = self.sysfs / "sys/class/kfd/kfd/topology/nodes"
+        for node in nodes.iterdir():
+            if f"drm_render_minor {minor}\n" in (node / "properties").read_text():
+                shutil.rmtree(node)
+
+
+@pytest.fixture
+def gpu_health_files(tmp_path):
+    """The files of a GPU host whose GPUs can be broken one by one (FakeHostFiles). Needs root (mknod)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating device nodes (mknod) needs root")
+    return FakeHostFiles(tmp_path)
+
+
+@pytest.fixture
+def gpu_health_host(settings, gpu_health_files):
+    """Host gpu-01 registered on gpu_health_files, its eight GPUs discovered."""
+    from provisioning import services
+
+    # The engine is this machine's: the heartbeat reads the host's files directly, as `make run` does.
+    settings.DEVCLOUD_DRIVER = "local"
+    return services.host_register(
+        name="gpu-01",
+        docker_url="unix:///var/run/docker.sock",
+        sysfs_root=str(gpu_health_files.sysfs),
+        dev_root=str(gpu_health_files.dev),
+        check=False,
+    )

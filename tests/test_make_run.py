@@ -5,14 +5,17 @@ Each run gets its own state folder (DEVCLOUD_VAR_DIR), port and embedded Redis, 
 neither a developer's var/ nor the shared Redis.
 """
 
+import json
 import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -45,8 +48,9 @@ def free_port():
 class Portal:
     """scripts/run.py in a subprocess, with its output collected line by line."""
 
-    def __init__(self, var_dir: Path, port: int):
+    def __init__(self, var_dir: Path, port: int, **settings: str):
         self.port = port
+        self.var_dir = var_dir
         self.lines: list[str] = []
         env = {
             name: value
@@ -59,6 +63,7 @@ class Portal:
             # Nothing listens on port 1: run.py must fall back to the embedded Redis.
             REDIS_URL="redis://127.0.0.1:1/0",
             NO_COLOR="1",
+            **settings,
         )
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "scripts" / "run.py")],
@@ -89,6 +94,13 @@ class Portal:
                 break
             time.sleep(0.2)
         raise AssertionError(f"{pattern!r} did not appear; run.py printed:\n{self.output}")
+
+    def exit_code(self, timeout: float = 60) -> int:
+        """run.py's exit code once it has stopped; fails with what it printed if it has not by `timeout`."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"run.py did not stop within {timeout:.0f} s; it printed:\n{self.output}") from None
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
@@ -126,8 +138,8 @@ def none_alive(processes: list[psutil.Process], timeout: float = 10) -> bool:
 def portal_factory(tmp_path):
     started = []
 
-    def start():
-        portal = Portal(tmp_path / "var", free_port())
+    def start(**settings):
+        portal = Portal(tmp_path / "var", free_port(), **settings)
         started.append(portal)
         return portal
 
@@ -163,7 +175,7 @@ def test_it_serves_the_portal_and_stops_everything_on_ctrl_c(portal_factory, tmp
     assert "ssh_gateway" in names
     portal.proc.send_signal(signal.SIGINT)
 
-    assert portal.proc.wait(timeout=60) == 0
+    assert portal.exit_code() == 0
     assert none_alive(children), [child for child in children if running(child)]
     assert "stopped" in portal.lines[-1]
 
@@ -173,7 +185,7 @@ def test_it_reuses_the_database_and_admin_and_stops_all_when_one_process_dies(po
     first.wait_for(r"DevCloud is running")
     first_password = first.wait_for(r"Admin password: +(\S+)").group(1)
     first.proc.send_signal(signal.SIGTERM)
-    assert first.proc.wait(timeout=60) == 0
+    assert first.exit_code() == 0
 
     second = portal_factory()
     second.wait_for(r"DevCloud is running")
@@ -188,6 +200,102 @@ def test_it_reuses_the_database_and_admin_and_stops_all_when_one_process_dies(po
     )
     worker.kill()
 
-    assert second.proc.wait(timeout=60) != 0
+    assert second.exit_code() != 0
     assert "worker was killed by SIGKILL; stopping the others" in second.output
     assert none_alive(children)
+
+
+MAKE_DEVELOPER = """
+import uuid
+from django.utils import timezone
+from portal.accounts.models import User
+from portal.api import services
+from portal.credits import services as credits
+user = User.objects.create_user(
+    "ada@devcloud.localhost", "correct horse battery staple", email_verified_at=timezone.now()
+)
+credits.credits_adjust(user=user, gpu_seconds=25 * 3600, reason="test", actor=None, idempotency_key=str(uuid.uuid4()))
+print(services.token_create(user=user, name="test", scope="launch", days=1)[1])
+"""
+
+
+def developer_token(portal: Portal) -> str:
+    """A verified developer with 25 GPU-hours in `portal`'s database; returns their launch token."""
+    env = {name: value for name, value in os.environ.items() if name != "DATABASE_URL"}
+    env.update(
+        DJANGO_SETTINGS_MODULE="portal.settings.dev",
+        DATABASE_URL=f"sqlite:///{portal.var_dir / 'devcloud.sqlite3'}",
+    )
+    made = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", MAKE_DEVELOPER],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip().splitlines()[-1]
+
+
+def launch_and_wait(portal: Portal, token: str, timeout: float = 300) -> dict:
+    """Launch a 1x cpu instance through the API and return it once it runs."""
+    url = f"http://127.0.0.1:{portal.port}/api/v1/instances"
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": str(uuid.uuid4())}
+    launched = httpx.post(url, json={"size": "1x", "image": "cpu"}, headers=headers, timeout=60)
+    assert launched.status_code in (200, 201, 202), launched.text
+    instance_id = launched.json()["id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        instance = httpx.get(f"{url}/{instance_id}", headers=headers, timeout=30).json()
+        if instance["state"] == "running":
+            return instance
+        assert instance["state"] in ("queued", "provisioning"), (instance, portal.output[-3000:])
+        time.sleep(0.5)
+    raise AssertionError(f"the instance did not run within {timeout} s:\n{portal.output[-3000:]}")
+
+
+def test_ctrl_c_stops_the_local_drivers_jupyterlab_and_charges_it(portal_factory):
+    portal = portal_factory(DEVCLOUD_DRIVER="local")
+    portal.wait_for(r"DevCloud is running")
+    portal.wait_for(r"\w+@\S+ ready\.")
+    instance = launch_and_wait(portal, developer_token(portal))
+    state_file = portal.var_dir / "local-instances" / instance["id"] / "state.json"
+    jupyterlab = psutil.Process(json.loads(state_file.read_text())["pid"])
+    assert running(jupyterlab)
+
+    portal.proc.send_signal(signal.SIGINT)
+
+    assert portal.proc.wait(timeout=120) == 0, portal.output[-3000:]
+    outlived = not none_alive([jupyterlab])
+    if outlived:
+        jupyterlab.kill()
+    assert not outlived, "JupyterLab outlived make run"
+    assert f"stopped local instance {instance['short_id']} (ada@devcloud.localhost, cpu)" in portal.output
+    with sqlite3.connect(portal.var_dir / "devcloud.sqlite3") as db:
+        [(state,)] = db.execute("SELECT state FROM instances_instance WHERE id = ?", (instance["id"].replace("-", ""),))
+    assert state == "stopped"
+
+
+def test_ctrl_c_names_the_docker_instances_it_leaves_running_for_the_next_start(portal_factory):
+    portal_id = f"makerun-{uuid.uuid4().hex[:8]}"
+    portal = portal_factory(DEVCLOUD_PORTAL_ID=portal_id)
+    try:
+        portal.wait_for(r"DevCloud is running")
+        portal.wait_for(r"Docker engine found")
+        portal.wait_for(r"\w+@\S+ ready\.")
+        instance = launch_and_wait(portal, developer_token(portal))
+
+        portal.proc.send_signal(signal.SIGINT)
+
+        assert portal.proc.wait(timeout=120) == 0, portal.output[-3000:]
+        assert f"left running on Docker (1): {instance['short_id']} (ada@devcloud.localhost, cpu)" in portal.output
+        assert "the next `make run` picks them up" in portal.output
+        containers = subprocess.run(
+            ["docker", "ps", "-q", "--filter", f"label=devcloud.portal={portal_id}"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.split()
+        assert len(containers) == 1, "the instance's container should still run, as the message says"
+    finally:
+        leftovers = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=devcloud.portal={portal_id}"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout.split()
+        if leftovers:
+            subprocess.run(["docker", "rm", "-f", *leftovers], capture_output=True, timeout=120)

@@ -36,44 +36,32 @@ if [ -z "${JUPYTER_TOKEN:-}" ]; then
 fi
 
 # sshd as the unprivileged user: it can only log in that user, and only with a key in
-# ~/.ssh/authorized_keys, which the portal keeps equal to the owner's keys on their account (it writes the
-# file before the first start and again whenever the keys change). No password or keyboard-interactive
-# login, no PAM. The host key is made here, per container, so no two instances share one. Port forwarding
-# stays on (`ssh -L` to a server inside). Its log (-e) goes to the container's log with JupyterLab's.
+# /etc/devcloud/ssh/keys/authorized_keys, which the portal keeps equal to the owner's keys on their account
+# (the driver writes it before the first start and again whenever the keys change). That file and
+# sshd's configuration (/etc/devcloud/ssh/sshd_config, from the image) belong to root, so the user
+# cannot add a key or loosen the configuration. No password or keyboard-interactive login, no PAM. The
+# host key is made here, per container, so no two instances share one. Port forwarding stays on
+# (`ssh -L` to a server inside). Its log (-e) goes to the container's log with JupyterLab's.
 start_sshd() {
-  local ssh_dir=$HOME/.ssh sshd=/usr/sbin/sshd
+  local ssh_dir=$HOME/.ssh sshd=/usr/sbin/sshd config=/etc/devcloud/ssh/sshd_config
   if [ ! -x "$sshd" ]; then
     echo "start-jupyter: DEVCLOUD_SSH_PORT is set but this image has no $sshd; SSH is off" >&2
+    return 0
+  fi
+  if [ ! -f "$config" ]; then
+    echo "start-jupyter: DEVCLOUD_SSH_PORT is set but this image has no $config; SSH is off" >&2
     return 0
   fi
   mkdir -p "$ssh_dir/hostkeys"
   chmod 700 "$ssh_dir" "$ssh_dir/hostkeys"
   [ -s "$ssh_dir/hostkeys/ssh_host_ed25519_key" ] ||
     ssh-keygen -q -t ed25519 -N '' -C "devcloud-instance" -f "$ssh_dir/hostkeys/ssh_host_ed25519_key"
-  [ -e "$ssh_dir/authorized_keys" ] || : >"$ssh_dir/authorized_keys"
-  chmod 600 "$ssh_dir/authorized_keys"
   # Sessions get the image's PATH (e.g. /opt/venv/bin, /opt/rocm/bin): sshd passes it to commands, and
   # login shells, whose /etc/profile resets PATH, read it back from ~/.profile.
   printf 'export PATH=%q\n' "$PATH" >"$HOME/.devcloud-path"
   grep -qs devcloud-path "$HOME/.profile" || echo '. "$HOME/.devcloud-path"' >>"$HOME/.profile"
-  cat >"$ssh_dir/sshd_config" <<EOF
-Port ${DEVCLOUD_SSH_PORT}
-HostKey ${ssh_dir}/hostkeys/ssh_host_ed25519_key
-PidFile none
-UsePAM no
-PermitRootLogin no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-AuthorizedKeysFile .ssh/authorized_keys
-StrictModes yes
-AllowTcpForwarding yes
-X11Forwarding no
-PrintMotd no
-Subsystem sftp internal-sftp
-SetEnv PATH="${PATH}"
-EOF
-  "$sshd" -D -e -f "$ssh_dir/sshd_config" &
+  "$sshd" -D -e -f "$config" -p "${DEVCLOUD_SSH_PORT}" -h "$ssh_dir/hostkeys/ssh_host_ed25519_key" \
+    -o "SetEnv=PATH=${PATH}" &
 }
 
 if [ -n "${DEVCLOUD_SSH_PORT:-}" ]; then

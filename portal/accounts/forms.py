@@ -52,6 +52,20 @@ class LoginForm(AuthenticationForm):
         # Addresses are stored lower-case; the lockout normalises the same way (AXES_USERNAME_CALLABLE).
         return normalise_login_name(self.cleaned_data["username"])
 
+    def confirm_login_allowed(self, user):
+        super().confirm_login_allowed(user)
+        # An address nobody has proven yet logs in through its emailed link (with the password) only.
+        # Refused exactly like a wrong password: anyone can sign up an address with a password of their
+        # own, and a login that worked would tell them the address had no account before.
+        if not user.email_verified and user.has_usable_password():
+            raise self.get_invalid_login_error()
+
+
+class LinkPasswordForm(forms.Form):
+    """The password of the account an emailed confirmation link is for, typed on the link's page."""
+
+    password = _password_field("Password", "current-password")
+
 
 class PasswordResetRequestForm(forms.Form):
     email = _email_field(autofocus=True)

@@ -1,4 +1,5 @@
 import hashlib
+import uuid
 
 from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.db import models
@@ -67,6 +68,15 @@ class User(AbstractUser):
     # Sizes (e.g. ["8x"]) an operator opened to this person beyond what their tier allows, changed only
     # through user_launch_sizes_set so that each change is audited. See portal.instances.entitlements.
     extra_sizes = models.JSONField(default=list, blank=True)
+    # When the password was last changed or reset: a change revokes the credentials added from other
+    # sessions since then (see services.password_changed).
+    password_changed_at = models.DateTimeField(null=True, blank=True)
+    # Names the person's workspace (volume or directory) and labels it: never reused, unlike the numeric
+    # id, which a new account can get again after a database restore or on another install.
+    workspace_key = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    # The account a project's robot tokens and keyless CI sign-ins act as (Project.bot): it has no
+    # password and is never emailed, and what it launches is paid from its project's pool.
+    project_bot = models.BooleanField(default=False)
 
     USERNAME_FIELD = "email"
     EMAIL_FIELD = "email"
@@ -119,6 +129,9 @@ class SshKey(models.Model):
     public_key = models.TextField()
     fingerprint = models.CharField(max_length=100)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Which session or API token added the key (services.origin_of_session / origin_of_token), so a
+    # password change can revoke what a stolen session added; "" for keys older than this field.
+    added_from = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["created_at"]

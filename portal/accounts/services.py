@@ -8,6 +8,7 @@ message a person can act on, or LinkError for a confirmation link that no longer
 import base64
 import hashlib
 import logging
+import secrets
 from dataclasses import dataclass, field
 
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
@@ -15,6 +16,7 @@ from axes.utils import reset as axes_reset
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from django.conf import settings
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.password_validation import validate_password
 from django.contrib.sessions.models import Session
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -24,7 +26,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.encoding import force_bytes
-from django.utils.http import urlsafe_base64_encode
+from django.utils.http import urlencode, urlsafe_base64_encode
 
 from portal.audit.services import actor_name_of, audit_record
 from portal.credits.models import CreditAccount
@@ -44,7 +46,6 @@ log = logging.getLogger(__name__)
 
 # What a publish raises when Redis is down or unreachable. Sign-up must not fail because of it.
 
-EMAIL_TAKEN = "An account with this email address already exists. Log in, or reset your password."
 RSA_MIN_BITS = 2048
 
 
@@ -54,6 +55,10 @@ class EmailKind:
     PASSWORD_RESET = "password_reset"
     # Tells the owner that proving the address removed the ways in that were there before.
     ACCESS_RESET = "access_reset"
+    # Tells the owner the password changed, and which credentials that change revoked.
+    PASSWORD_CHANGED = "password_changed"
+    # Someone signed up with an address that has an account: its owner is told, the form is not.
+    ACCOUNT_EXISTS = "account_exists"
 
 
 class LinkError(Exception):
@@ -83,24 +88,37 @@ def _email_in_use(email: str, *, exclude_pk=None) -> bool:
 # --- Sign-up and email verification ------------------------------------------------------------
 
 
-def account_signup(*, email: str, password: str) -> User:
+def account_signup(*, email: str, password: str) -> User | None:
     """Create an account with `email` as login and queue its verification email.
 
-    Returns the new (unverified) user. Raises ValidationError keyed by field: "email" when the
-    address is taken (case-insensitively), "password" when a password validator refuses it.
+    Sign-up must not tell anyone whether an address has an account, so a taken address (in any case)
+    is not an error: its owner is emailed that they already have an account (with the way to log in or
+    reset the password; an account still unconfirmed gets its confirmation link again), the password is
+    hashed all the same (the slow part of a sign-up), and None is returned. The new account cannot log
+    in until its address is confirmed (forms.LoginForm): a login would tell the address was free.
+    Returns the new (unverified) user otherwise. Raises ValidationError({"password": [...]}) when a
+    password validator refuses it, for a taken address and a new one alike.
     """
     email = _clean_email(email)
     validate_password_for(email=email, password=password)
-    if _email_in_use(email):
-        raise ValidationError({"email": EMAIL_TAKEN})
-    try:
-        with transaction.atomic():
-            user = User.objects.create_user(email, password)
-    except IntegrityError:
-        # Two sign-ups for one address at once: the database's case-insensitive unique index decides.
-        raise ValidationError({"email": EMAIL_TAKEN}) from None
-    email_send_later(kind=EmailKind.VERIFY, user_id=user.pk)
-    return user
+    existing = User.objects.filter(email__iexact=email).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                user = User.objects.create_user(email, password)
+        except IntegrityError:
+            # Two sign-ups for one address at once: the database's case-insensitive unique index decides.
+            existing = User.objects.filter(email__iexact=email).first()
+        else:
+            email_send_later(kind=EmailKind.VERIFY, user_id=user.pk)
+            return user
+    else:
+        make_password(password)
+    if existing is not None:
+        # An unconfirmed account cannot log in to ask for its link again: signing up again sends it.
+        kind = EmailKind.ACCOUNT_EXISTS if existing.email_verified else EmailKind.VERIFY
+        email_send_later(kind=kind, user_id=existing.pk)
+    return None
 
 
 def validate_password_for(*, email: str, password: str, user: User | None = None) -> None:
@@ -181,6 +199,8 @@ class AccessRemoved:
     api_tokens_revoked: int = 0
     # Names of the SSH keys removed.
     ssh_keys: list = field(default_factory=list)
+    # Names of the API tokens revoked, where known (a password change knows them).
+    api_token_names: list = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -204,7 +224,8 @@ class AccessRemoved:
             parts.append(f"cancelled the change of address to {self.pending_email_cancelled}")
         if self.api_tokens_revoked:
             count = self.api_tokens_revoked
-            parts.append(f"revoked {count} API token{'' if count == 1 else 's'}")
+            names = f" ({', '.join(self.api_token_names)})" if self.api_token_names else ""
+            parts.append(f"revoked {count} API token{'' if count == 1 else 's'}{names}")
         if self.ssh_keys:
             count = len(self.ssh_keys)
             parts.append(f"removed {count} SSH key{'' if count == 1 else 's'} ({', '.join(self.ssh_keys)})")
@@ -353,6 +374,8 @@ def password_reset_completed(*, user: User, keep_session_key: str | None = None)
     axes_reset(username=user.email)
     with transaction.atomic():
         user = User.objects.select_for_update().get(pk=user.pk)
+        user.password_changed_at = timezone.now()
+        user.save(update_fields=["password_changed_at"])
         grant = None
         if not user.email_verified:
             user.email_verified_at = timezone.now()
@@ -362,23 +385,91 @@ def password_reset_completed(*, user: User, keep_session_key: str | None = None)
     return Proof(grant=grant, removed=removed)
 
 
+# --- Password change ---------------------------------------------------------------------------
+
+# The session's own random id, kept in its data: it survives the key cycling of log-in and password change.
+_ORIGIN_SESSION_KEY = "_credential_origin"
+
+
+def origin_of_session(session) -> str:
+    """What to record as `added_from` on a credential added from `session` (a Django session): a digest
+    of a random id the session keeps. Gives the session one when it has none yet."""
+    if _ORIGIN_SESSION_KEY not in session:
+        session[_ORIGIN_SESSION_KEY] = secrets.token_hex(16)
+    return hashlib.sha256(f"session:{session[_ORIGIN_SESSION_KEY]}".encode()).hexdigest()
+
+
+def origin_of_token(prefix: str) -> str:
+    """What to record as `added_from` on a credential added through the API token with `prefix`."""
+    return hashlib.sha256(f"token:{prefix}".encode()).hexdigest()
+
+
+def password_changed(*, user: User, session, keep_session_key: str | None) -> AccessRemoved:
+    """After the owner changed the password while logged in (the new one is saved): take the account back
+    from whoever else may be inside.
+
+    Every session of the user but `keep_session_key` ends, and the API tokens and SSH keys added since
+    the previous password change (or reset) from anywhere but `session` (the changing browser's) are
+    revoked: the SSH gateway refuses the keys at once and running instances stop trusting them, as when
+    a key is deleted. A token's own additions count as "elsewhere". The owner is emailed what was
+    revoked. Returns AccessRemoved (what was revoked and how many sessions ended).
+    """
+    # Imported here: portal.api builds on the instance services, which this module's importers load first.
+    from portal.api.models import ApiToken
+
+    origin = origin_of_session(session)
+    now = timezone.now()
+    with transaction.atomic():
+        user = User.objects.select_for_update().get(pk=user.pk)
+        keys = user.ssh_keys.exclude(added_from=origin)
+        tokens = ApiToken.objects.filter(user=user, revoked_at__isnull=True, expires_at__gt=now).exclude(
+            added_from=origin
+        )
+        if user.password_changed_at is not None:
+            keys = keys.filter(created_at__gt=user.password_changed_at)
+            tokens = tokens.filter(created_at__gt=user.password_changed_at)
+        ssh_keys = list(keys.order_by("created_at", "pk").values_list("name", flat=True))
+        if ssh_keys:
+            keys.delete()
+            keys_changed(user_id=user.pk)
+        token_names = list(tokens.order_by("created_at", "pk").values_list("name", flat=True))
+        tokens.update(revoked_at=now)
+        sessions_ended = _sessions_end(user_pk=user.pk, keep_session_key=keep_session_key)
+        user.password_changed_at = now
+        user.save(update_fields=["password_changed_at"])
+        removed = AccessRemoved(
+            sessions_ended=sessions_ended,
+            api_tokens_revoked=len(token_names),
+            api_token_names=token_names,
+            ssh_keys=ssh_keys,
+        )
+        email_send_later(
+            kind=EmailKind.PASSWORD_CHANGED,
+            user_id=user.pk,
+            details={"api_tokens": token_names, "ssh_keys": ssh_keys, "sessions_ended": sessions_ended},
+        )
+    return removed
+
+
 # --- Sending email -----------------------------------------------------------------------------
 
 
-def email_send_later(*, kind: str, user_id: int) -> None:
+def email_send_later(*, kind: str, user_id: int, details: dict | None = None) -> None:
     """Send an account email from a Celery worker once the current transaction commits.
 
-    The worker builds the link itself, so no token travels through the broker. When the broker is
-    unreachable the email is sent from this process instead, and an SMTP failure then is logged
-    rather than raised: the user can ask for the link again.
+    The worker builds the link itself, so no token travels through the broker; `details` (names and
+    counts, JSON) go to the email's template. When the broker is unreachable the email is sent from this
+    process instead, and an SMTP failure then is logged rather than raised: the user can ask for the
+    link again.
     """
-    transaction.on_commit(lambda: _email_publish(kind=kind, user_id=user_id))
+    transaction.on_commit(lambda: _email_publish(kind=kind, user_id=user_id, details=details))
 
 
-def _email_publish(*, kind: str, user_id: int) -> None:
+def _email_publish(*, kind: str, user_id: int, details: dict | None = None) -> None:
     from .tasks import send_email
 
-    publish(send_email, args=[kind, user_id], inline=lambda: email_send(kind=kind, user_id=user_id))
+    args = [kind, user_id] + ([details] if details else [])
+    publish(send_email, args=args, inline=lambda: email_send(kind=kind, user_id=user_id, details=details))
 
 
 def _uid(user) -> str:
@@ -419,7 +510,18 @@ def _access_reset_message(user):
     return user.email, "access_reset", reverse("accounts:settings")
 
 
+def _password_changed_message(user):
+    return user.email, "password_changed", reverse("accounts:password_reset")
+
+
+def _account_exists_message(user):
+    path = reverse("accounts:password_reset") + "?" + urlencode({"email": user.email})
+    return user.email, "account_exists", path
+
+
 _MESSAGES = {
+    EmailKind.ACCOUNT_EXISTS: _account_exists_message,
+    EmailKind.PASSWORD_CHANGED: _password_changed_message,
     EmailKind.VERIFY: _verify_message,
     EmailKind.EMAIL_CHANGE: _email_change_message,
     EmailKind.PASSWORD_RESET: _password_reset_message,
@@ -427,7 +529,7 @@ _MESSAGES = {
 }
 
 
-def email_send(*, kind: str, user_id: int) -> bool:
+def email_send(*, kind: str, user_id: int, details: dict | None = None) -> bool:
     """Build the link for `kind` now and send the email over the configured backend.
 
     Returns False when there is nothing to send any more (the account is gone or inactive, the
@@ -451,6 +553,7 @@ def email_send(*, kind: str, user_id: int) -> bool:
         "site_name": settings.SITE_NAME,
         "site_url": settings.SITE_URL,
         "valid_for": _duration(settings.PASSWORD_RESET_TIMEOUT),
+        **(details or {}),
     }
     subject = " ".join(render_to_string(f"emails/{template}_subject.txt", context).split())
     body = render_to_string(f"emails/{template}.txt", context)
@@ -512,8 +615,9 @@ def sshkey_parse(text: str) -> tuple[str, str, str]:
     return key_type, line, fingerprint
 
 
-def sshkey_add(*, user: User, name: str, public_key: str) -> SshKey:
-    """Add a public key to the user's account. Returns the SshKey.
+def sshkey_add(*, user: User, name: str, public_key: str, added_from: str = "") -> SshKey:
+    """Add a public key to the user's account, recording `added_from` (origin_of_session or
+    origin_of_token: a password change revokes keys added elsewhere). Returns the SshKey.
 
     Raises ValidationError keyed by field: "public_key" (see sshkey_parse, or a duplicate),
     "name" (empty).
@@ -534,7 +638,12 @@ def sshkey_add(*, user: User, name: str, public_key: str) -> SshKey:
     try:
         with transaction.atomic():
             key = SshKey.objects.create(
-                user=user, name=name, key_type=key_type, public_key=line, fingerprint=fingerprint
+                user=user,
+                name=name,
+                key_type=key_type,
+                public_key=line,
+                fingerprint=fingerprint,
+                added_from=added_from,
             )
             keys_changed(user_id=user.pk)
             return key
@@ -657,9 +766,9 @@ def user_suspend(*, user: User, actor, reason: str) -> User:
         )
         if not marked:
             return User.objects.get(pk=user.pk)
-        # instance_launch re-reads the suspension under this lock, so no launch can slip in after the
-        # scan below and outlive the suspension.
-        CreditAccount.objects.select_for_update().get(user_id=user.pk)
+        # instances_stop_all takes the user's credit account lock (with the pools of their live project
+        # instances, in id order) before it scans; instance_launch re-reads the suspension under that
+        # lock, so no launch can slip in after the scan and outlive the suspension.
         stopped = instances_stop_all(
             user_ids=[user.pk],
             reason=StopReason.SUSPENDED,

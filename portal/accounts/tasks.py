@@ -18,6 +18,6 @@ from . import services
     soft_time_limit=60,
     time_limit=90,
 )
-def send_email(kind: str, user_id: int) -> bool:
+def send_email(kind: str, user_id: int, details: dict | None = None) -> bool:
     """Send one account email (see services.EmailKind). Returns False when it was no longer needed."""
-    return services.email_send(kind=kind, user_id=user_id)
+    return services.email_send(kind=kind, user_id=user_id, details=details)

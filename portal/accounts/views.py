@@ -33,6 +33,7 @@ from . import selectors, services
 from .forms import (
     AccountDeleteForm,
     EmailChangeForm,
+    LinkPasswordForm,
     LoginForm,
     PasswordResetRequestForm,
     SignupForm,
@@ -84,7 +85,9 @@ def _posted_address_key(field):
     return lambda group, request: normalise_login_name(request.POST.get(field))
 
 
-def _rate_limit(setting_name: str, *, per_user: bool = False, per_address_field: str | None = None):
+def _rate_limit(
+    setting_name: str, *, per_user: bool = False, per_address_field: str | None = None, per_ip: bool = True
+):
     """Limit POSTs to the view per client IP (and per account, or per posted address) to the rate in
     `setting_name`.
 
@@ -92,7 +95,7 @@ def _rate_limit(setting_name: str, *, per_user: bool = False, per_address_field:
     the 429 page; the counters live in the "ratelimit" database cache, which keeps working while
     Redis is down.
     """
-    keys = [("ip", _ip_key)] + ([("user", _user_key)] if per_user else [])
+    keys = ([("ip", _ip_key)] if per_ip else []) + ([("user", _user_key)] if per_user else [])
     if per_address_field:
         keys.append(("address", _posted_address_key(per_address_field)))
 
@@ -152,22 +155,23 @@ def _back(request, default="credits:dashboard"):
 # --- Sign-up and log-in ------------------------------------------------------------------------
 
 
+# Per address too (the same for a new address and a taken one): sign-ups cannot flood one person's inbox.
 @_rate_limit("SIGNUP_RATE")
+@_rate_limit("EMAIL_SEND_RATE", per_address_field="email", per_ip=False)
 def signup(request):
+    """The answer is the same whether or not the address has an account (services.account_signup): a
+    page that says to read the email, and no session; the new account logs in once it follows its link."""
     if request.user.is_authenticated:
         return redirect("credits:dashboard")
     form = SignupForm(_posted(request))
     if request.method == "POST" and form.is_valid():
         try:
-            user = services.account_signup(
-                email=form.cleaned_data["email"], password=form.cleaned_data["password"]
-            )
+            services.account_signup(email=form.cleaned_data["email"], password=form.cleaned_data["password"])
         except ValidationError as error:
             form.add_error(None, error)
         else:
-            login(request, user, backend=MODEL_BACKEND)
-            messages.success(request, f"Welcome! We sent a confirmation link to {user.email}.")
-            return redirect("credits:dashboard")
+            email = form.cleaned_data["email"].strip().lower()
+            return render(request, "accounts/signup_done.html", {"email": email})
     return render(request, "accounts/signup.html", {"form": form})
 
 
@@ -202,14 +206,19 @@ def _owner_is_here(request, user) -> bool:
     return request.user.is_authenticated and request.user.pk == user.pk
 
 
-def _confirm_page(request, user, *, kind):
+def _confirm_page(request, user, *, kind, password_form=None):
     """The page an emailed link opens: one button, which confirms only for the account's own browser.
 
     Anyone else (a mail scanner, a browser logged out or logged in as someone else) gets the page too and
     the button leads to logging in (or out) first; a POST from them changes nothing (403).
     """
     status = 403 if request.method == "POST" else 200
-    context = {"kind": kind, "account": user, "owner_here": _owner_is_here(request, user)}
+    context = {
+        "kind": kind,
+        "account": user,
+        "owner_here": _owner_is_here(request, user),
+        "password_form": password_form,
+    }
     return render(request, "accounts/link_confirm.html", context, status=status)
 
 
@@ -233,18 +242,30 @@ def _after_confirmation(request, proof):
 
 def verify(request, uidb64, token):
     """Follow the link from the sign-up email. GET changes nothing (mail scanners fetch links): it shows
-    a page whose button POSTs back here. Only a browser logged in as the account confirms, so the person
-    who set the password is the one who reads the mail; someone else who reads it resets the password."""
+    a page whose button POSTs back here. Only the person who set the password confirms: a browser logged
+    in as the account, or one that types the account's password on the page (and is then logged in; an
+    unconfirmed account cannot log in otherwise). Someone else who reads the mail resets the password."""
     user = _user_from_uid(uidb64)
     if user is None:
         return _link_failed(request, LinkError.INVALID, kind="verify")
+    password_form = None
     try:
         services.email_verify_check(user=user, token=token)
-        if request.method != "POST" or not _owner_is_here(request, user):
-            return _confirm_page(request, user, kind="verify")
+        owner_here = _owner_is_here(request, user)
+        if not owner_here and not request.user.is_authenticated and user.has_usable_password():
+            password_form = LinkPasswordForm(_posted(request))
+            if request.method == "POST" and password_form.is_valid():
+                if user.check_password(password_form.cleaned_data["password"]):
+                    owner_here = True
+                else:
+                    password_form.add_error("password", "That is not the password of this account.")
+        if request.method != "POST" or not owner_here:
+            return _confirm_page(request, user, kind="verify", password_form=password_form)
         proof = services.email_verify(user=user, token=token, keep_session_key=request.session.session_key)
     except LinkError as error:
         return _link_failed(request, error.reason, kind="verify")
+    if not _owner_is_here(request, user):
+        login(request, user, backend=MODEL_BACKEND)
     messages.success(request, f"Thank you: {user.email} is confirmed.")
     return _after_confirmation(request, proof)
 
@@ -396,7 +417,19 @@ class PasswordChangeView(auth_views.PasswordChangeView):
 
     def form_valid(self, form):
         response = super().form_valid(form)
+        # After super(): it re-signed this session (new key), which is the one to keep.
+        removed = services.password_changed(
+            user=self.request.user,
+            session=self.request.session,
+            keep_session_key=self.request.session.session_key,
+        )
         messages.success(self.request, "Your password was changed. Links emailed before now no longer work.")
+        if removed:
+            messages.warning(
+                self.request,
+                f"For your safety {removed.summary()}: they were added from another browser or token since "
+                "the previous password change. Add again any that were yours.",
+            )
         return response
 
 
@@ -410,7 +443,10 @@ def sshkey_add(request):
     if form.is_valid():
         try:
             key = services.sshkey_add(
-                user=request.user, name=form.cleaned_data["name"], public_key=form.cleaned_data["public_key"]
+                user=request.user,
+                name=form.cleaned_data["name"],
+                public_key=form.cleaned_data["public_key"],
+                added_from=services.origin_of_session(request.session),
             )
         except ValidationError as error:
             form.add_error(None, error)
@@ -436,7 +472,9 @@ def api_token_create(request):
     form = ApiTokenForm(request.POST)
     if form.is_valid():
         try:
-            token, text = api_services.token_create(user=request.user, **form.cleaned_data)
+            token, text = api_services.token_create(
+                user=request.user, added_from=services.origin_of_session(request.session), **form.cleaned_data
+            )
         except ValidationError as error:
             form.add_error(None, error)
         else:

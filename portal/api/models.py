@@ -25,6 +25,19 @@ class ApiToken(models.Model):
     # Updated at most once a minute (see services.token_authenticate), so reads do not each write a row.
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Which session made the token (portal.accounts.services.origin_of_session), so a password change can
+    # revoke the tokens a stolen session made; "" for tokens older than this field.
+    added_from = models.CharField(max_length=64, blank=True, default="")
+    # A robot token: it belongs to this project (its user is the project's bot account), launches only
+    # for it, and owners manage it (portal/api/robots.py). Null for a person's own token.
+    project = models.ForeignKey(
+        "projects.Project", null=True, blank=True, on_delete=models.CASCADE, related_name="robot_tokens"
+    )
+    # A robot token's own limit on the project's instances it has live at once; 0: the project's only.
+    max_live_instances = models.PositiveIntegerField(default=0)
+    # For a token a CI run's OpenID Connect token was exchanged for: "<issuer> <jti>", so that one CI
+    # token is exchanged once.
+    oidc_jti = models.CharField(max_length=400, null=True, blank=True, unique=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -59,3 +72,11 @@ class IdempotentLaunch(models.Model):
 
     def __str__(self):
         return f"{self.key} -> {self.instance_id}"
+
+
+class TokenLaunch(models.Model):
+    """Which token launched which instance, for a project's usage by token and a robot token's own
+    live-instance limit."""
+
+    token = models.ForeignKey(ApiToken, on_delete=models.CASCADE, related_name="launches")
+    instance = models.OneToOneField("instances.Instance", on_delete=models.CASCADE, related_name="+")

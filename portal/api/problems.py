@@ -29,6 +29,11 @@ SERVICE_CODES = {
     "rate_person": (429, "rate-limited", "Too many requests"),
     "rate_program": (429, "rate-limited", "Too many requests"),
     "unavailable": (503, "unavailable", "Launching is unavailable"),
+    "ended": (409, "instance-ended", "This instance has ended"),
+    "ceiling": (409, "extension-limit", "The session cannot be extended that far"),
+    "no_limit": (409, "no-session-limit", "This session has no time limit"),
+    "open_application": (409, "conflict", "Already applied"),
+    "in_programme": (409, "conflict", "Already in the programme"),
 }
 # Service ValidationError codes that name the request field at fault (instance_launch's "size", "image").
 FIELD_CODES = {"size": "size", "image": "image"}

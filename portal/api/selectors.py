@@ -3,13 +3,11 @@
 from django.conf import settings
 
 from portal.credits import selectors as credit_selectors
-from portal.credits.models import LedgerEntry
-from portal.instances import entitlements
+from portal.credits.models import LedgerEntry, hours
+from portal.instances import entitlements, logs
 from portal.instances import selectors as instance_selectors
 from portal.instances.models import Instance, LaunchPolicy
-from portal.instances.start_spec import instance_ref
-from provisioning.drivers import driver_for
-from provisioning.drivers.base import DriverError, hide_token
+from portal.sshgateway import host_key
 
 from .models import ApiToken
 
@@ -30,14 +28,19 @@ def ledger_of(user):
 
 
 def ssh_access() -> dict:
-    """How to reach an instance over SSH: the gateway `ssh -J` jumps through, and the user inside."""
+    """How to reach an instance over SSH: the gateway `ssh -J` jumps through, its host key (known_hosts
+    lines and fingerprint, None with a note while the gateway has none), and the user inside."""
     host = getattr(settings, "SSH_GATEWAY_HOST", "127.0.0.1")
     port = getattr(settings, "SSH_GATEWAY_PORT", 2222)
     jump = f"{host}:{port}"
+    key = host_key.published_key(private_path=settings.SSH_GATEWAY_HOST_KEY, host=host, port=port)
     return {
         "gateway_host": host,
         "gateway_port": port,
         "proxy_jump": jump,
+        "host_key": key.known_hosts or None,
+        "host_key_fingerprint": key.fingerprint or None,
+        "host_key_note": key.note,
         "user": INSTANCE_USER,
         "example": f"ssh -J {jump} {INSTANCE_USER}@<instance short id>",
     }
@@ -55,7 +58,7 @@ def account_summary(user, *, token: ApiToken | None) -> dict:
         "suspended": user.is_suspended,
         "suspension": user.suspension_notice,
         "balance_gpu_seconds": balance,
-        "balance_gpu_hours": f"{balance / 3600:.2f}",
+        "balance_gpu_hours": hours(balance),  # four decimals when two would show nothing
         "entitlements": {"tier": tier, "sizes": entitlements.allowed_sizes(user, policy, tier=tier)},
         "limits": {
             "max_live_instances": policy.max_live_instances,
@@ -73,18 +76,6 @@ def account_summary(user, *, token: ApiToken | None) -> dict:
 
 
 def instance_log_lines(instance: Instance, *, lines: int) -> tuple[list[str], str]:
-    """The last `lines` lines the instance printed, with its Jupyter token hidden. Returns (lines, note),
-    where note says why there are none ("" when there are some)."""
-    if instance.host_id is None:
-        return [], "No container: the instance never got a host."
-    if instance.state not in (Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.STOPPING):
-        return [], "No container: it is removed when the instance ends (the workspace volume is kept)."
-    try:
-        text = driver_for(instance.host, instance.driver).logs(instance_ref(instance), tail=lines)
-    except DriverError as error:
-        return [], f"Could not read the log: {error.message}"
-    # The drivers hide the token already; hiding it again costs nothing and survives a careless driver.
-    text = hide_token(text or "", instance.jupyter_token)
-    if not text.strip():
-        return [], "The container has printed nothing yet."
-    return text.splitlines()[-lines:], ""
+    """The last `lines` lines the instance printed, with its Jupyter token hidden, read by a worker
+    (portal/instances/logs.py). Returns (lines, note), where note says why there are none."""
+    return logs.log_lines(instance, lines=lines)

@@ -6,6 +6,8 @@ from rest_framework import serializers
 
 from portal.credits.models import GPU_SECONDS_PER_HOUR
 from portal.instances import selectors as instance_selectors
+from portal.instances import sessions
+from portal.instances.models import LaunchPolicy
 
 
 def _valid_unicode(value: str) -> None:
@@ -73,6 +75,17 @@ class SshAccessSerializer(serializers.Serializer):
     gateway_host = serializers.CharField()
     gateway_port = serializers.IntegerField()
     proxy_jump = serializers.CharField(help_text="The value for `ssh -J`, e.g. 127.0.0.1:2222.")
+    host_key = serializers.CharField(
+        allow_null=True,
+        help_text="The gateway's host key as known_hosts lines (one per key), e.g. "
+        "`[ssh.example.com]:2222 ssh-ed25519 AAAA…`; null while the gateway has no key (see host_key_note).",
+    )
+    host_key_fingerprint = serializers.CharField(
+        allow_null=True, help_text="Its SHA256 fingerprint as `ssh-keygen -l` prints it; null with host_key."
+    )
+    host_key_note = serializers.CharField(
+        help_text="Why host_key is null (the gateway was never started); empty when it is set."
+    )
     user = serializers.CharField(help_text="The user inside an instance.")
     example = serializers.CharField()
 
@@ -106,6 +119,15 @@ class LedgerEntrySerializer(serializers.Serializer):
 # --- Catalogue -------------------------------------------------------------------------------------
 
 
+class SizeResourcesSerializer(serializers.Serializer):
+    cpus = serializers.FloatField()
+    memory_gb = serializers.FloatField(help_text="GiB of RAM.")
+    shm_gb = serializers.FloatField(help_text="GiB of /dev/shm (it counts against the RAM).")
+    gpu_memory_gb = serializers.FloatField(allow_null=True, help_text="GiB of GPU memory; null when unknown.")
+    varies = serializers.BooleanField(help_text="Some hosts give more than these figures.")
+    text = serializers.CharField()
+
+
 class SizeSerializer(serializers.Serializer):
     key = serializers.CharField()
     name = serializers.CharField()
@@ -118,6 +140,11 @@ class SizeSerializer(serializers.Serializer):
         help_text="Why this account cannot launch this size now; empty when it can."
     )
     session_limit = serializers.CharField()
+    resources = SizeResourcesSerializer(
+        allow_null=True,
+        help_text="What an instance of this size gets of its host (the smallest among the hosts in service "
+        "that can take it); null when none can now.",
+    )
 
 
 class ImageSerializer(serializers.Serializer):
@@ -152,6 +179,13 @@ class InstanceSerializer(serializers.Serializer):
     size = serializers.CharField()
     image = serializers.CharField(source="image.key")
     image_name = serializers.CharField(source="image.name")
+    project = serializers.CharField(
+        source="project.slug",
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="The project paying for it (its slug); null if you pay.",
+    )
     state = serializers.CharField()
     step = serializers.CharField()
     steps = serializers.SerializerMethodField()
@@ -164,6 +198,14 @@ class InstanceSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     ready_at = serializers.DateTimeField(allow_null=True)
     stopped_at = serializers.DateTimeField(allow_null=True)
+    deadline_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the portal stops it, as its launch asked (stop_after_seconds)."
+    )
+    session_ends_at = serializers.SerializerMethodField(
+        help_text="When the limits will stop it: the end of its longest session (extensions included) or "
+        "its deadline_at, whichever comes first; null when nothing will (or it is not running)."
+    )
+    extended_seconds = serializers.IntegerField(help_text="Time its owner added to the session (extend).")
 
     @extend_schema_field(StepSerializer(many=True))
     def get_steps(self, instance):
@@ -171,6 +213,13 @@ class InstanceSerializer(serializers.Serializer):
 
     def get_stop_reason(self, instance) -> str:
         return instance_selectors.stop_reason_text(instance)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_session_ends_at(self, instance):
+        if "launch_policy" not in self.context:
+            self.context["launch_policy"] = LaunchPolicy.current()  # once per response, not per instance
+        ends = sessions.stops_at(instance, self.context["launch_policy"])
+        return serializers.DateTimeField().to_representation(ends) if ends else None
 
     def get_lab_url(self, instance) -> str:
         if instance.state != instance.State.RUNNING:
@@ -180,6 +229,13 @@ class InstanceSerializer(serializers.Serializer):
         return request.build_absolute_uri(path) if request is not None else path
 
 
+class ExtendSerializer(serializers.Serializer):
+    hours = serializers.IntegerField(
+        min_value=1, help_text="Hours to add to the session; all extensions of one session together may "
+        "add at most SESSION_MAX_EXTENSION_HOURS."
+    )
+
+
 class InstanceListSerializer(serializers.Serializer):
     results = InstanceSerializer(many=True)
 
@@ -187,6 +243,148 @@ class InstanceListSerializer(serializers.Serializer):
 class LaunchSerializer(serializers.Serializer):
     size = text_input(help_text="A size key, e.g. 1x")
     image = text_input(help_text="An image key, e.g. pytorch")
+    project = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=50,
+        help_text="A project's slug (GET /api/v1/projects) to pay from its pool; omit or null to pay yourself.",
+    )
+
+    stop_after_seconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="Stop the instance this many seconds after the launch (60 to 604800), whatever becomes "
+        "of the client: `devcloud run --timeout` sets it. Omitted: only the size's longest session applies.",
+    )
+
+
+# --- Projects --------------------------------------------------------------------------------------
+
+
+class ProjectLimitsSerializer(serializers.Serializer):
+    max_live_instances = serializers.IntegerField(min_value=0)
+    max_run_seconds = serializers.IntegerField(min_value=1, help_text="The longest one session may run.")
+    allowed_sizes = serializers.ListField(child=serializers.CharField(max_length=10))
+    member_monthly_cap_gpu_seconds = serializers.IntegerField(min_value=0, help_text="0: no cap.")
+    entitled_8x = serializers.BooleanField(read_only=True, help_text="Set by the operators only.")
+
+
+class ProjectSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    repository_url = serializers.CharField()
+    role = serializers.CharField(source="my_role", help_text="owner or member: your role in it.")
+    balance_gpu_seconds = serializers.IntegerField(help_text="The shared pool's balance.")
+    balance_gpu_hours = serializers.SerializerMethodField()
+
+    def get_balance_gpu_hours(self, project) -> str:
+        return gpu_hours(project.balance_gpu_seconds or 0)
+
+
+class ProjectMemberSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    email = serializers.EmailField(source="user.email")
+    role = serializers.CharField()
+    joined_at = serializers.DateTimeField(source="created_at")
+
+
+class ProjectDetailSerializer(ProjectSerializer):
+    limits = ProjectLimitsSerializer(source="*")
+    members = ProjectMemberSerializer(
+        many=True, allow_null=True, help_text="Everyone in the project; null unless you are an owner."
+    )
+    live_instances = serializers.IntegerField()
+
+
+class RobotTokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    scope = serializers.CharField()
+    max_live_instances = serializers.IntegerField(help_text="Its own limit; 0: the project's only.")
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    revoked_at = serializers.DateTimeField(allow_null=True)
+    from_ci_signin = serializers.SerializerMethodField()
+
+    def get_from_ci_signin(self, token) -> bool:
+        return bool(token.oidc_jti)
+
+
+class RobotTokenCreateSerializer(serializers.Serializer):
+    name = text_input(help_text="What uses it, e.g. nightly GPU tests")
+    scope = serializers.ChoiceField(choices=["read", "launch"], default="launch")
+    days = serializers.IntegerField(default=30)
+    max_live_instances = serializers.IntegerField(default=0, min_value=0)
+
+
+class RobotTokenCreatedSerializer(RobotTokenSerializer):
+    token = serializers.CharField(help_text="The token itself, shown this once.")
+
+
+class TrustedPublisherSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    provider = serializers.CharField(help_text="A CI provider this portal knows (GET /api/v1/oidc).")
+    repository = serializers.CharField(help_text="owner/name")
+    ref = serializers.CharField(required=False, allow_blank=True, default="")
+    workflow = serializers.CharField(required=False, allow_blank=True, default="")
+    environment = serializers.CharField(required=False, allow_blank=True, default="")
+    created_at = serializers.DateTimeField(read_only=True)
+
+
+class OidcSettingsSerializer(serializers.Serializer):
+    audience = serializers.CharField(help_text="The audience to ask the CI provider's token for.")
+    providers = serializers.DictField(child=serializers.CharField(), help_text="name: issuer URL")
+
+
+class CiSigninSerializer(serializers.Serializer):
+    project = serializers.CharField(max_length=50)
+    token = serializers.CharField(help_text="The CI run's OpenID Connect token (a JWT).", max_length=20000)
+
+
+class CiSigninAnswerSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="A DevCloud API token for the project, with the launch scope.")
+    expires_at = serializers.DateTimeField()
+    project = serializers.CharField()
+
+
+class CIGrantApplyRequestSerializer(serializers.Serializer):
+    repository_url = text_input(help_text="The repository's https:// URL.")
+    maintainers = text_input(help_text="GitHub logins or email addresses of the maintainers.")
+    purpose = text_input(help_text="What the GPUs are for.")
+
+
+class CIGrantApplicationSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=["pending", "approved", "rejected"])
+    repository_url = serializers.CharField()
+    maintainers = serializers.CharField()
+    purpose = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    decided_at = serializers.DateTimeField(allow_null=True)
+    decision_reason = serializers.CharField(help_text="Why it was rejected, or the operators' note.")
+    monthly_gpu_hours = serializers.SerializerMethodField()
+
+    def get_monthly_gpu_hours(self, application) -> str | None:
+        if application.status != "approved":
+            return None
+        return gpu_hours(application.granted_gpu_seconds)
+
+
+class CIGrantUseSerializer(serializers.Serializer):
+    period = serializers.CharField(help_text="The grant's period, named by the month it starts in.")
+    monthly_gpu_hours = serializers.CharField(help_text="0.00 once the operators ended the grant.")
+    granted_gpu_hours = serializers.CharField()
+    used_gpu_hours = serializers.CharField()
+    left_gpu_hours = serializers.CharField()
+    renews_at = serializers.DateTimeField(help_text="When this period ends and the next grant is posted.")
+    renews = serializers.BooleanField(help_text="False once the operators ended the grant.")
+
+
+class CIGrantStateSerializer(serializers.Serializer):
+    application = CIGrantApplicationSerializer(allow_null=True, help_text="The latest application, if any.")
+    grant = CIGrantUseSerializer(allow_null=True, help_text="The grant on the pool now, if any.")
 
 
 class LogsSerializer(serializers.Serializer):

@@ -14,10 +14,11 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from portal.instances import selectors as instance_selectors
 from portal.instances import services as instance_services
 from portal.instances.models import Instance
 
-from .models import ApiToken, IdempotentLaunch
+from .models import ApiToken, IdempotentLaunch, TokenLaunch
 
 TOKEN_PREFIX = "dcp"
 # How stale last_used_at may get: a busy script does not write the row on every request.
@@ -29,8 +30,10 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def token_create(*, user, name: str, scope: str, days: int) -> tuple[ApiToken, str]:
-    """Create a token for `user` that expires in `days` days. Returns (ApiToken, the whole token text).
+def token_create(*, user, name: str, scope: str, days: int, added_from: str = "") -> tuple[ApiToken, str]:
+    """Create a token for `user` that expires in `days` days, recording `added_from` (the creating
+    session's origin_of_session: a password change revokes tokens made elsewhere). Returns (ApiToken,
+    the whole token text).
 
     The text is returned only here: the database keeps its prefix and the SHA-256 of its secret.
     Raises ValidationError keyed by field: "name" (blank), "scope" (unknown), "days" (out of range), and
@@ -60,6 +63,7 @@ def token_create(*, user, name: str, scope: str, days: int) -> tuple[ApiToken, s
         prefix=prefix,
         secret_sha256=_digest(secret),
         expires_at=timezone.now() + timedelta(days=days),
+        added_from=added_from,
     )
     return token, f"{TOKEN_PREFIX}_{prefix}_{secret}"
 
@@ -111,12 +115,25 @@ class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different request body."""
 
 
-def _request_digest(size: str, image_key: str) -> str:
-    return _digest(json.dumps({"size": size, "image": image_key}, sort_keys=True))
+def _request_digest(size: str, image_key: str, project: str | None, stop_after_seconds: int | None) -> str:
+    request = {"size": size, "image": image_key}
+    # Each only when set, so keys stored before launches could carry them still match.
+    if project:
+        request["project"] = project
+    if stop_after_seconds is not None:
+        request["stop_after_seconds"] = stop_after_seconds
+    return _digest(json.dumps(request, sort_keys=True))
 
 
 def instance_launch_once(
-    *, user, size: str, image_key: str, idempotency_key: str = ""
+    *,
+    user,
+    size: str,
+    image_key: str,
+    idempotency_key: str = "",
+    project: str | None = None,
+    stop_after_seconds: int | None = None,
+    token: ApiToken | None = None,
 ) -> tuple[Instance, bool]:
     """Launch through portal.instances.services.instance_launch, at most once per Idempotency-Key.
 
@@ -129,32 +146,74 @@ def instance_launch_once(
     (ValidationError) leaves no row, so the same key may be retried once the cause is fixed; so does a
     launch that failed before it was provisioned (the task queue did not take it; nothing was charged).
 
+    `project`, a project's slug, pays from its pool (instance_launch's `project`). `token`, the API token
+    the request came with, is recorded as the launch's (a project's usage by token), and a robot token's
+    own live-instance limit applies.
+
     Raises IdempotencyConflict for a key used with a different body, LaunchUnavailable when the launch
-    failed at once, and whatever instance_launch raises (ValidationError, PermissionDenied).
+    failed at once, and whatever instance_launch raises (ValidationError, PermissionDenied, Http404).
     """
+    launch = {
+        "user": user,
+        "size": size,
+        "image_key": image_key,
+        "project": project,
+        "stop_after_seconds": stop_after_seconds,
+    }
     if not idempotency_key:
-        return instance_services.instance_launch(user=user, size=size, image_key=image_key), False
-    digest = _request_digest(size, image_key)
+        if token is None:
+            return instance_services.instance_launch(**launch), False
+        with transaction.atomic():
+            instance = _launch_with(token, launch)
+        return _published(instance), False
+    digest = _request_digest(size, image_key, project, stop_after_seconds)
     try:
         with transaction.atomic():
             claim = IdempotentLaunch.objects.create(user=user, key=idempotency_key, request_sha256=digest)
-            instance = instance_services.instance_launch(user=user, size=size, image_key=image_key)
+            instance = _launch_with(token, launch)
             claim.instance = instance
             claim.save(update_fields=["instance"])
     except IntegrityError:
         previous = IdempotentLaunch.objects.select_related("instance").get(user=user, key=idempotency_key)
         if not hmac.compare_digest(previous.request_sha256, digest):
             raise IdempotencyConflict(
-                "This Idempotency-Key was already used for a launch with a different size or image. "
+                "This Idempotency-Key was already used for a launch with a different size, image or time limit. "
                 "Use a new key for a new launch."
             ) from None
         return previous.instance, True
-    # instance_launch publishes the provisioning task when our transaction commits, so a queue outage
-    # shows only now, as an instance that failed before provisioning began.
+    try:
+        return _published(instance), False
+    except instance_services.LaunchUnavailable:
+        IdempotentLaunch.objects.filter(pk=claim.pk).delete()
+        raise
+
+
+def _launch_with(token: ApiToken | None, launch: dict) -> Instance:
+    """instance_launch, inside the caller's transaction, with what an API token adds: a robot token's own
+    live-instance limit, checked under the token's row lock (taken before instance_launch's account
+    locks, on every path), and the record of which token launched the instance."""
+    if token is not None and token.max_live_instances:
+        ApiToken.objects.select_for_update().filter(pk=token.pk).first()
+        live = TokenLaunch.objects.filter(token=token, instance__state__in=instance_selectors.BURNING_STATES).count()
+        if live >= token.max_live_instances:
+            raise ValidationError(
+                f"This token may have {token.max_live_instances} instance(s) running or starting at once, and "
+                f"has {live}. Stop one, or ask an owner of the project to raise the token's limit.",
+                code="limit",
+            )
+    instance = instance_services.instance_launch(**launch)
+    if token is not None:
+        TokenLaunch.objects.create(token=token, instance=instance)
+    return instance
+
+
+def _published(instance: Instance) -> Instance:
+    """The instance once its launch's transaction committed. instance_launch publishes the provisioning
+    task at the commit, so a queue outage shows only now, as an instance that failed before provisioning
+    began: raises LaunchUnavailable for that."""
     instance.refresh_from_db()
     if instance.state == Instance.State.FAILED and instance.provisioning_at is None:
-        IdempotentLaunch.objects.filter(pk=claim.pk).delete()
         raise instance_services.LaunchUnavailable(
             instance.failure_reason or instance_services.UNAVAILABLE_MESSAGE, code="unavailable"
         )
-    return instance, False
+    return instance

@@ -5,7 +5,8 @@ Every object is looked up through its owner (request.user), so another person's 
 application is a 404, exactly like one that does not exist.
 """
 
-from django.core.exceptions import ValidationError
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -25,24 +26,41 @@ from portal.credits.forms import BonusApplyForm
 from portal.instances import selectors as instance_selectors
 from portal.instances import services as instance_services
 from portal.instances.forms import LaunchForm
+from portal.lib import oidc
+from portal.projects import ci_grants, trust
+from portal.projects import selectors as project_selectors
+from portal.projects import services as project_services
 
-from . import problems, selectors, services
+from . import problems, robots, selectors, services
 from .models import ApiToken
 from .serializers import (
     BonusApplicationSerializer,
     BonusApplyRequestSerializer,
     BonusProgramSerializer,
+    CIGrantApplyRequestSerializer,
+    CIGrantStateSerializer,
+    CiSigninAnswerSerializer,
+    CiSigninSerializer,
+    ExtendSerializer,
     ImageSerializer,
     InstanceSerializer,
     LaunchSerializer,
     LedgerEntrySerializer,
     LogsSerializer,
     MeSerializer,
+    OidcSettingsSerializer,
     ProblemSerializer,
+    ProjectDetailSerializer,
+    ProjectLimitsSerializer,
+    ProjectSerializer,
+    RobotTokenCreatedSerializer,
+    RobotTokenCreateSerializer,
+    RobotTokenSerializer,
     SizeSerializer,
     SshAccessSerializer,
     SshKeyCreateSerializer,
     SshKeySerializer,
+    TrustedPublisherSerializer,
 )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -69,6 +87,11 @@ def _valid(form) -> dict:
     return form.cleaned_data
 
 
+def _token(request) -> ApiToken | None:
+    """The API token the request came with; None for a browser session."""
+    return request.auth if isinstance(request.auth, ApiToken) else None
+
+
 def _body(serializer_class, request) -> dict:
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
@@ -89,7 +112,8 @@ def me(request):
 @extend_schema(operation_id="ssh", responses=_responses({200: SshAccessSerializer}), tags=["account"])
 @api_view(["GET"])
 def ssh(request):
-    """Where `ssh -J` reaches the portal's SSH gateway, and the user inside an instance."""
+    """Where `ssh -J` reaches the portal's SSH gateway, its host key to pin (known_hosts lines and
+    fingerprint), and the user inside an instance."""
     return Response(SshAccessSerializer(selectors.ssh_access()).data)
 
 
@@ -138,6 +162,7 @@ def sizes(request):
             "can_launch": option.can_launch and not account_refusal,
             "refusal": account_refusal or option.refusal,
             "session_limit": option.session_limit,
+            "resources": option.resources,
         }
         for option in options.sizes
     ]
@@ -177,13 +202,14 @@ _IDEMPOTENCY_PARAMETER = OpenApiParameter(
     request=LaunchSerializer,
     parameters=[_IDEMPOTENCY_PARAMETER],
     responses=_responses(
-        {201: InstanceSerializer, 200: InstanceSerializer}, 400, 402, 403, 409, 415, 422, 503
+        {201: InstanceSerializer, 200: InstanceSerializer}, 400, 402, 403, 404, 409, 415, 422, 503
     ),
     tags=["instances"],
 )
 @api_view(["GET", "POST"])
 def instances(request):
-    """GET: your live instances, then your latest ended ones. POST: launch one (queued; poll it)."""
+    """GET: your live instances, then your latest ended ones. POST: launch one (queued; poll it), paid by
+    you or, with "project", from that project's pool (404 if you are not in it)."""
     if request.method == "GET":
         rows = instance_selectors.instances_of(request.user)
         return Response(InstanceSerializer(rows, many=True, context={"request": request}).data)
@@ -199,7 +225,13 @@ def instances(request):
     body = _body(LaunchSerializer, request)
     launch = _valid(LaunchForm(body))
     instance, replayed = services.instance_launch_once(
-        user=request.user, size=launch["size"], image_key=launch["image"], idempotency_key=key
+        user=request.user,
+        size=launch["size"],
+        image_key=launch["image"],
+        idempotency_key=key,
+        project=robots.launch_project(_token(request), body["project"] or None),
+        stop_after_seconds=launch.get("stop_after_seconds"),
+        token=_token(request),
     )
     data = InstanceSerializer(instance, context={"request": request}).data
     if replayed:
@@ -233,6 +265,24 @@ def instance_stop(request, instance_id):
     return Response(InstanceSerializer(instance, context={"request": request}).data, status=202)
 
 
+@extend_schema(
+    operation_id="instances_extend",
+    request=ExtendSerializer,
+    responses=_responses({200: InstanceSerializer}, 400, 402, 403, 404, 409),
+    tags=["instances"],
+)
+@api_view(["POST"])
+def instance_extend(request, instance_id):
+    """Add hours to your running instance's session, so its time limit stops it later ({"hours": N}).
+    402 when your credit (or the project's pool) cannot cover them, 409 past the ceiling or once it ended."""
+    body = ExtendSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    instance = instance_services.instance_extend(
+        user=request.user, instance_id=instance_id, hours=body.validated_data["hours"]
+    )
+    return Response(InstanceSerializer(instance, context={"request": request}).data)
+
+
 class _LogQuery(serializers.Serializer):
     lines = serializers.IntegerField(
         required=False, default=100, min_value=1, max_value=selectors.MAX_LOG_LINES
@@ -253,6 +303,213 @@ def instance_logs(request, instance_id):
     instance = instance_selectors.instance_of_owner(request.user, instance_id)
     lines, note = selectors.instance_log_lines(instance, lines=query.validated_data["lines"])
     return Response(LogsSerializer({"lines": lines, "note": note}).data)
+
+
+# --- Projects --------------------------------------------------------------------------------------
+
+
+@extend_schema(
+    operation_id="projects_list", responses=_responses({200: ProjectSerializer(many=True)}), tags=["projects"]
+)
+@api_view(["GET"])
+def projects(request):
+    """The projects you are in, with your role and each shared pool's balance."""
+    return Response(ProjectSerializer(project_selectors.projects_of(request.user), many=True).data)
+
+
+def _project_detail(project) -> dict:
+    owner = project_selectors.is_owner(project)
+    project.balance_gpu_seconds = project.pool.balance_gpu_seconds if project.pool else 0
+    project.members = project_selectors.members_of(project) if owner else None
+    project.live_instances = len(project_selectors.live_instances_of(project))
+    return ProjectDetailSerializer(project).data
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="projects_get",
+    responses=_responses({200: ProjectDetailSerializer}, 404),
+    tags=["projects"],
+)
+@extend_schema(
+    methods=["PATCH"],
+    operation_id="projects_limits",
+    request=ProjectLimitsSerializer(partial=True),
+    responses=_responses({200: ProjectDetailSerializer}, 400, 403, 404, 415),
+    tags=["projects"],
+)
+@api_view(["GET", "PATCH"])
+def project_detail(request, slug):
+    """GET: one of your projects: the pool's balance, its limits, your role, and (owners only) its members.
+    PATCH: an owner changes its limits (any of them; the others stay)."""
+    project = project_selectors.project_of_member(request.user, slug)
+    if request.method == "PATCH":
+        if not isinstance(request.data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["Send a JSON object of the limits to change."]})
+        current = ProjectLimitsSerializer(project).data
+        limits = ProjectLimitsSerializer(data={**current, **request.data})
+        limits.is_valid(raise_exception=True)
+        changes = {key: value for key, value in limits.validated_data.items() if key != "entitled_8x"}
+        project_services.project_limits_update(user=request.user, project=project, **changes)
+        project = project_selectors.project_of_member(request.user, slug)
+    return Response(_project_detail(project))
+
+
+# --- Robot tokens and keyless CI sign-in -----------------------------------------------------------
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="projects_tokens_list",
+    responses=_responses({200: RobotTokenSerializer(many=True)}, 403, 404),
+    tags=["projects"],
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="projects_tokens_create",
+    request=RobotTokenCreateSerializer,
+    responses=_responses({201: RobotTokenCreatedSerializer}, 400, 403, 404, 415),
+    tags=["projects"],
+)
+@api_view(["GET", "POST"])
+def project_tokens(request, slug):
+    """Owners only. GET: the project's robot tokens and CI sign-in tokens. POST: a new robot token, which
+    belongs to the project and launches only for it; its text is in the answer, this once."""
+    if request.method == "GET":
+        rows = robots.robot_tokens_of(user=request.user, slug=slug)
+        return Response(RobotTokenSerializer(rows, many=True).data)
+    body = _body(RobotTokenCreateSerializer, request)
+    token, text = robots.robot_token_create(user=request.user, slug=slug, **body)
+    token.token = text
+    return Response(RobotTokenCreatedSerializer(token).data, status=201)
+
+
+@extend_schema(
+    operation_id="projects_tokens_revoke", request=None, responses=_responses({204: None}, 403, 404), tags=["projects"]
+)
+@api_view(["DELETE"])
+def project_token_revoke(request, slug, token_id):
+    """Owners only: revoke one of the project's tokens; it stops working at once."""
+    robots.robot_token_revoke(user=request.user, slug=slug, token_id=token_id)
+    return Response(status=204)
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="projects_trust_list",
+    responses=_responses({200: TrustedPublisherSerializer(many=True)}, 403, 404),
+    tags=["projects"],
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="projects_trust_add",
+    request=TrustedPublisherSerializer,
+    responses=_responses({201: TrustedPublisherSerializer}, 400, 403, 404, 415),
+    tags=["projects"],
+)
+@api_view(["GET", "POST"])
+def project_trust(request, slug):
+    """Owners only. GET: the CI workflows the project trusts to sign in without a secret. POST: trust
+    one more (a provider from GET /api/v1/oidc, a repository, and optionally a ref, workflow and
+    environment)."""
+    if request.method == "GET":
+        rows = trust.trusted_publishers_of(user=request.user, slug=slug)
+        return Response(TrustedPublisherSerializer(rows, many=True).data)
+    body = _body(TrustedPublisherSerializer, request)
+    publisher = trust.trusted_publisher_add(user=request.user, slug=slug, **body)
+    return Response(TrustedPublisherSerializer(publisher).data, status=201)
+
+
+@extend_schema(
+    operation_id="projects_trust_remove", request=None, responses=_responses({204: None}, 403, 404), tags=["projects"]
+)
+@api_view(["DELETE"])
+def project_trust_remove(request, slug, publisher_id):
+    """Owners only: stop trusting one CI workflow."""
+    trust.trusted_publisher_remove(user=request.user, slug=slug, publisher_id=publisher_id)
+    return Response(status=204)
+
+
+# --- The open-source CI programme -------------------------------------------------------------------
+
+
+def _ci_grant_state(project) -> dict:
+    grant = project_selectors.ci_grant_use(project)
+    return CIGrantStateSerializer(
+        {
+            "application": project_selectors.ci_grant_application_of(project),
+            "grant": grant
+            and {
+                "period": grant.period,
+                "monthly_gpu_hours": grant.monthly_hours,
+                "granted_gpu_hours": grant.granted_hours,
+                "used_gpu_hours": grant.used_hours,
+                "left_gpu_hours": grant.left_hours,
+                "renews_at": grant.renews_at,
+                "renews": grant.renews,
+            },
+        }
+    ).data
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="projects_ci_grant_get",
+    responses=_responses({200: CIGrantStateSerializer}, 403, 404),
+    tags=["projects"],
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="projects_ci_grant_apply",
+    request=CIGrantApplyRequestSerializer,
+    responses=_responses({201: CIGrantStateSerializer}, 400, 403, 404, 409, 415),
+    tags=["projects"],
+)
+@api_view(["GET", "POST"])
+def project_ci_grant(request, slug):
+    """Owners only. GET: the project's latest application for the open-source CI programme and the
+    grant on its pool now. POST: apply (one open application at a time; 409 while one is pending or the
+    project is already in the programme)."""
+    project = project_selectors.project_of_member(request.user, slug)
+    if request.method == "GET":
+        if not project_selectors.is_owner(project):
+            raise PermissionDenied("Only an owner of the project may see its CI programme application.")
+        return Response(_ci_grant_state(project))
+    body = _body(CIGrantApplyRequestSerializer, request)
+    ci_grants.ci_grant_apply(user=request.user, project=project, **body)
+    return Response(_ci_grant_state(project), status=201)
+
+
+@extend_schema(operation_id="oidc_settings", responses={200: OidcSettingsSerializer}, tags=["ci sign-in"])
+@api_view(["GET"])
+@permission_classes([AllowAny])
+def oidc_settings(request):
+    """What a CI job needs to sign in without a secret: the audience to ask its CI provider's token for,
+    and the providers this portal trusts."""
+    return Response({"audience": settings.OIDC_AUDIENCE, "providers": settings.OIDC_PROVIDERS})
+
+
+@extend_schema(
+    operation_id="oidc_token",
+    request=CiSigninSerializer,
+    responses=_responses({201: CiSigninAnswerSerializer}, 400, 403, 415),
+    tags=["ci sign-in"],
+)
+@api_view(["POST"])
+@permission_classes([AllowAny])
+def oidc_token(request):
+    """Keyless CI sign-in: trade a CI run's OpenID Connect token for a short-lived DevCloud token of the
+    project, if the project trusts that repository (and ref, workflow, environment). 403 with the reason
+    otherwise."""
+    body = _body(CiSigninSerializer, request)
+    try:
+        token, text = robots.ci_signin(slug=body["project"], id_token=body["token"])
+    except oidc.OidcRefused as refused:
+        return problems.problem(403, "ci-signin-refused", "CI sign-in refused", str(refused))
+    return Response(
+        CiSigninAnswerSerializer({"token": text, "expires_at": token.expires_at, "project": token.project.slug}).data,
+        status=201,
+    )
 
 
 # --- SSH keys --------------------------------------------------------------------------------------
@@ -277,8 +534,14 @@ def ssh_keys(request):
     if request.method == "GET":
         return Response(SshKeySerializer(account_selectors.ssh_keys_for(request.user), many=True).data)
     cleaned = _valid(SshKeyForm(_body(SshKeyCreateSerializer, request)))
+    token = request.auth if isinstance(request.auth, ApiToken) else None
+    origin = (
+        account_services.origin_of_token(token.prefix)
+        if token is not None
+        else account_services.origin_of_session(request.session)
+    )
     key = account_services.sshkey_add(
-        user=request.user, name=cleaned["name"], public_key=cleaned["public_key"]
+        user=request.user, name=cleaned["name"], public_key=cleaned["public_key"], added_from=origin
     )
     return Response(SshKeySerializer(key).data, status=201)
 

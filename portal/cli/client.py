@@ -109,15 +109,27 @@ class Api:
     def get(self, path: str, **kwargs):
         return self.request("GET", path, retries=2, **kwargs)
 
-    def launch(self, *, size: str, image: str) -> dict:
-        # One key for every retry of this launch: a request that reached the portal before the network
-        # failed is answered with its instance instead of launching a second one.
-        key = str(uuid.uuid4())
+    def launch(
+        self,
+        *,
+        size: str,
+        image: str,
+        project: str | None = None,
+        key: str = "",
+        stop_after_seconds: int | None = None,
+    ) -> dict:
+        """Launch once per `key` (the Idempotency-Key): the same key again answers with the instance the
+        first launch made. Without a key, one is drawn for this call and its retries: a request that
+        reached the portal before the network failed is answered with its instance instead of launching
+        a second one. `project` pays from that project's pool."""
+        body = {"size": size, "image": image} | ({"project": project} if project else {})
+        if stop_after_seconds is not None:
+            body["stop_after_seconds"] = stop_after_seconds
         return self.request(
             "POST",
             "/instances",
-            json={"size": size, "image": image},
-            headers={"Idempotency-Key": key},
+            json=body,
+            headers={"Idempotency-Key": key or str(uuid.uuid4())},
             retries=2,
         )
 

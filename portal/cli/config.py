@@ -3,6 +3,9 @@
 
 DEVCLOUD_URL and DEVCLOUD_TOKEN in the environment win over the file, for CI jobs that keep the token
 in a secret store.
+
+The same directory holds the SSH host keys `devcloud ssh` and `ssh-config` check: the gateway's, pinned
+from the API (`known_hosts`), and the instances' (`instances_known_hosts`; see hostkeys.py).
 """
 
 import json
@@ -18,9 +21,23 @@ class Credentials:
     token: str
 
 
-def config_path() -> Path:
+def config_dir() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "devcloud" / "config.toml"
+    return Path(base) / "devcloud"
+
+
+def config_path() -> Path:
+    return config_dir() / "config.toml"
+
+
+def gateway_known_hosts_path() -> Path:
+    """The known_hosts file holding the gateway's host key as first read from the API."""
+    return config_dir() / "known_hosts"
+
+
+def instance_known_hosts_path() -> Path:
+    """The known_hosts file holding the host keys of the instances themselves (the hop past the gateway)."""
+    return config_dir() / "instances_known_hosts"
 
 
 def load() -> Credentials | None:

@@ -1,16 +1,26 @@
 """The `devcloud` commands. Each one calls the API and prints a short summary, or JSON with --json."""
 
+import contextlib
+import functools
 import json
 import os
+import secrets
+import shlex
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import webbrowser
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from . import config
+from . import ci_signin, config, hostkeys
+from . import run as run_parts
 from .client import AUTH, EXIT_CODES_HELP, REFUSED, USAGE, Api, ApiError
 
 POLL_SECONDS = 2.0
@@ -40,11 +50,26 @@ def json_option(command):
     )(command)
 
 
-def api(ctx) -> Api:
+def api(ctx, *, project: str | None = None) -> Api:
+    """The API with the stored or environment's credentials. In a CI job without a token, a command for
+    a `project` signs in with the CI provider's OpenID Connect token instead (portal/cli/ci_signin.py)."""
     credentials = config.load()
+    url = (os.environ.get("DEVCLOUD_URL") or "").rstrip("/")
+    if credentials is None and project and url and ci_signin.available():
+        try:
+            signed_in = ci_signin.sign_in(url, project)
+        except ci_signin.SigninError as error:
+            raise ApiError(str(error), exit_code=AUTH, as_json=_wants_json(ctx)) from None
+        click.echo(
+            f"Signed in to {url} for project {signed_in['project']} with the CI's token "
+            f"(until {signed_in['expires_at'][:16].replace('T', ' ')} UTC).",
+            err=True,
+        )
+        return Api(url, signed_in["token"], as_json=_wants_json(ctx))
     if credentials is None:
         raise ApiError(
-            "Not logged in. Run `devcloud login` (or set DEVCLOUD_URL and DEVCLOUD_TOKEN).",
+            "Not logged in. Run `devcloud login` (or set DEVCLOUD_URL and DEVCLOUD_TOKEN; in CI, "
+            "--project with the project trusting the repository signs in without a token).",
             exit_code=AUTH,
             as_json=_wants_json(ctx),
         )
@@ -188,17 +213,20 @@ def _wait(ctx, client: Api, instance: dict, timeout: float) -> dict:
 @click.option("--image", required=True, help="An image key (see `devcloud images`), e.g. pytorch.")
 @click.option("--wait", is_flag=True, help="Follow the launch steps until JupyterLab answers.")
 @click.option("--timeout", default=900, show_default=True, help="Seconds --wait waits.")
+@click.option("--project", help="Pay from this project's pool (its name in `devcloud projects`).")
 @json_option
 @click.pass_context
-def launch(ctx, size, image, wait, timeout):
+def launch(ctx, size, image, wait, timeout, project):
     """Launch an instance (retried requests launch once)."""
-    client = api(ctx)
-    instance = client.launch(size=size, image=image)
+    client = api(ctx, project=project)
+    instance = client.launch(size=size, image=image, project=project)
+    paid_by = f" for {instance['project']}" if instance.get("project") else ""
     if not wait:
         emit(
             ctx,
             instance,
-            f"Launched {instance['short_id']} ({instance['size']} {instance['image']}): {instance['state']}.",
+            f"Launched {instance['short_id']} ({instance['size']} {instance['image']}){paid_by}: "
+            f"{instance['state']}.",
         )
         return
     click.echo(f"Launching {instance['short_id']} ({instance['size']} {instance['image']})…", err=True)
@@ -212,6 +240,253 @@ def launch(ctx, size, image, wait, timeout):
         f"Instance {instance['short_id']} is running.\n"
         f"  JupyterLab: {instance['lab_url']}\n  SSH:        devcloud ssh {instance['short_id']}",
     )
+
+
+@cli.command()
+@json_option
+@click.pass_context
+def projects(ctx):
+    """The projects you are in: your role and each shared pool's GPU-hours."""
+    rows = api(ctx).get("/projects")
+    table = _table(
+        [[row["slug"], row["name"], row["role"], row["balance_gpu_hours"]] for row in rows],
+        ["PROJECT", "NAME", "ROLE", "POOL GPU-HOURS"],
+    )
+    emit(ctx, rows, table if rows else "You are in no project. An owner of one can invite you.")
+
+
+# Beyond --timeout, the portal's own deadline for a run: late enough that the CLI stops the instance and
+# says why first, soon enough that a run whose CLI was killed does not burn credit for long.
+RUN_SERVER_GRACE_SECONDS = 60
+# OpenSSH's exit code for a connection it could not make or lost (a remote command's own codes pass through).
+SSH_FAILED = 255
+# Exit code of a run stopped at its --timeout, as coreutils' `timeout` uses.
+TIMED_OUT = 124
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame):
+    raise _Interrupted(signum)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--size", required=True, help="A size key, e.g. 1x or 8x.")
+@click.option("--image", required=True, help="An image key (see `devcloud images`), e.g. pytorch.")
+@click.option("--project", help="Pay from this project's pool (its slug, see `devcloud projects`).")
+@click.option(
+    "--key",
+    default="",
+    help="Launch once per key: a retry with the same key runs on the instance the first one launched. "
+    "Default: from the CI provider's run id and attempt (GitHub Actions, GitLab CI), else a new one.",
+)
+@click.option(
+    "--timeout",
+    default="60m",
+    show_default=True,
+    help="The whole run's time limit (90s, 30m, 2h): then the instance is stopped, by the portal too if "
+    "this command was killed.",
+)
+@click.option(
+    "--sync",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help=f"Copy this directory (without .git) to {run_parts.SYNC_TARGET} first and run the command there.",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run(ctx, size, image, project, key, timeout, sync, command):
+    """Run COMMAND on a new instance and exit with its exit code: launch, wait, run over SSH, stop.
+
+    One argument after -- is a shell command line ('pytest -q && echo ok'); several are a program and
+    its arguments. It runs in /workspace (or the --sync directory). The instance is stopped when the
+    command ends, at --timeout (exit code 124), and on SIGTERM or Ctrl-C.
+    """
+    if command[:1] == ("--",):
+        command = command[1:]
+    if not command:
+        raise click.UsageError("Name the command to run after --, e.g. devcloud run ... -- python3 train.py")
+    try:
+        limit = run_parts.parse_duration(timeout)
+        archive = run_parts.sync_archive(sync) if sync else None
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    started = time.monotonic()
+    client = api(ctx, project=project)
+    request = {"size": size, "image": image, "project": project, "command": list(command), "timeout": limit}
+    request["sync"] = bool(sync)
+    key = key or run_parts.ci_run_key(os.environ, request)
+    with _run_key(client) as identity:
+        instance = client.launch(
+            size=size,
+            image=image,
+            project=project,
+            key=key,
+            stop_after_seconds=limit + RUN_SERVER_GRACE_SECONDS,
+        )
+        if instance["state"] in ("stopped", "failed"):
+            client.fail(
+                f"The run with this key already launched {instance['short_id']}, which has {instance['state']}; "
+                "nothing was launched. Give --key a new value to run again.",
+                REFUSED,
+            )
+        say = functools.partial(click.echo, err=True)
+        say(
+            f"devcloud run: {instance['short_id']} ({instance['size']} {instance['image']}), time limit {timeout}."
+        )
+        previous = {
+            signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM, signal.SIGHUP)
+        }
+        try:
+            code = _run_on(
+                ctx, client, instance, command, archive, identity=identity, deadline=started + limit
+            )
+        except _Interrupted as interrupted:
+            say(f"devcloud run: {signal.Signals(interrupted.signum).name}: stopping {instance['short_id']}.")
+            code = 128 + interrupted.signum
+        except KeyboardInterrupt:
+            say(f"devcloud run: interrupted: stopping {instance['short_id']}.")
+            code = 128 + signal.SIGINT
+        except subprocess.TimeoutExpired:
+            say(f"devcloud run: the run passed its time limit of {timeout}: stopping {instance['short_id']}.")
+            code = TIMED_OUT
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            _stop_quietly(client, instance)
+    ctx.exit(code)
+
+
+@contextlib.contextmanager
+def _run_key(client: Api):
+    """A key pair made for this run alone: added to the account (so the instance and the gateway take
+    it) before the launch, removed from it afterwards. Yields the private key's path. The job needs no
+    SSH key of its own, and nothing it could leak outlives the run."""
+    program = shutil.which("ssh-keygen")
+    if program is None:
+        client.fail("OpenSSH's `ssh-keygen` is not installed (or not on PATH).", USAGE)
+    directory = Path(tempfile.mkdtemp(prefix="devcloud-run-"))
+    try:
+        private = directory / "id_ed25519"
+        name = f"devcloud run {time.strftime('%Y-%m-%d %H:%M:%S')} {secrets.token_hex(3)}"
+        subprocess.run(
+            [program, "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(private)],
+            check=True,
+            capture_output=True,
+        )
+        added = client.request(
+            "POST", "/ssh-keys", json={"name": name, "public_key": private.with_suffix(".pub").read_text()}
+        )
+        try:
+            yield private
+        finally:
+            try:
+                client.request("DELETE", f"/ssh-keys/{added['id']}")
+            except ApiError as error:
+                click.echo(
+                    f"devcloud run: could not remove the run's SSH key {name!r}: {error.message}", err=True
+                )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _run_on(
+    ctx, client: Api, instance: dict, command, archive: bytes | None, *, identity: Path, deadline: float
+) -> int:
+    """Wait for the instance, send the --sync archive, run the command; returns its exit code. Raises
+    subprocess.TimeoutExpired past `deadline` (time.monotonic())."""
+    instance = _wait(ctx, client, instance, max(1.0, deadline - time.monotonic()))
+    if instance["state"] != "running":
+        reason = instance["failure_reason"] or instance["stop_reason"] or instance["state"]
+        client.fail(f"Instance {instance['short_id']} {instance['state']}: {reason}", REFUSED, instance)
+    options = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15"]
+    if archive is not None:
+        sent = _ssh(
+            _ssh_argv(client, instance, options, run_parts.SYNC_COMMAND, identity=identity),
+            deadline=deadline,
+            send=archive,
+        )
+        if sent != 0:
+            client.fail(f"Could not copy --sync to {instance['short_id']} (ssh exited {sent}).", REFUSED)
+    argv = _ssh_argv(
+        client,
+        instance,
+        options,
+        run_parts.remote_command(command, synced=archive is not None),
+        identity=identity,
+    )
+    return _ssh(argv, deadline=deadline)
+
+
+# What OpenSSH prints when a connection broke off in the greeting, before any key was offered or any
+# command ran, so trying again cannot run anything twice. A host key that does not match is not one
+# of these, and is never tried again.
+SSH_GREETING_FAILURES = ("kex_exchange_identification:", "banner exchange:")
+SSH_ATTEMPTS = 3
+
+
+def _ssh(argv: list[str], *, deadline: float, send: bytes | None = None) -> int:
+    """Run OpenSSH (its output streamed; `send` on its stdin, its stdout then discarded) and return its
+    exit code, trying again, up to SSH_ATTEMPTS times, a connection that broke off in the greeting.
+    Raises subprocess.TimeoutExpired past `deadline` (time.monotonic())."""
+    for attempt in range(1, SSH_ATTEMPTS + 1):
+        code, in_greeting = _ssh_attempt(argv, deadline=deadline, send=send)
+        if code != SSH_FAILED or not in_greeting or attempt == SSH_ATTEMPTS:
+            return code
+        click.echo(
+            f"devcloud run: the SSH connection broke off before it began; trying again "
+            f"({attempt + 1} of {SSH_ATTEMPTS}).",
+            err=True,
+        )
+        time.sleep(1)
+    return code
+
+
+def _ssh_attempt(argv: list[str], *, deadline: float, send: bytes | None) -> tuple[int, bool]:
+    """One OpenSSH run: (its exit code, whether it broke off in the greeting). Its stderr is passed on
+    line by line as it comes, and read for SSH_GREETING_FAILURES."""
+    in_greeting = threading.Event()
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if send is not None else None,
+        stdout=subprocess.DEVNULL if send is not None else None,
+        stderr=subprocess.PIPE,
+    ) as process:
+
+        def relay():
+            for line in iter(process.stderr.readline, b""):
+                text = line.decode(errors="replace")
+                if text.startswith(SSH_GREETING_FAILURES):
+                    in_greeting.set()
+                sys.stderr.write(text)
+                sys.stderr.flush()
+
+        relayer = threading.Thread(target=relay, name="ssh-stderr", daemon=True)
+        relayer.start()
+        try:
+            if send is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    process.stdin.write(send)
+                    process.stdin.close()
+            code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            process.terminate()
+            raise
+        relayer.join(timeout=5)
+    return code, in_greeting.is_set()
+
+
+def _stop_quietly(client: Api, instance: dict) -> None:
+    """Stop the run's instance, whatever state it reached; says so on stderr. Never raises."""
+    try:
+        stopped = client.request("POST", f"/instances/{instance['id']}/stop")
+    except ApiError as error:
+        click.echo(f"devcloud run: could not stop {instance['short_id']}: {error.message}", err=True)
+        return
+    click.echo(f"devcloud run: {stopped['short_id']} is {stopped['state']}. Billing has stopped.", err=True)
 
 
 @cli.command(name="ls")
@@ -228,12 +503,41 @@ def list_instances(ctx):
                 row["size"],
                 row["image"],
                 row["created_at"][:16].replace("T", " "),
+                _time_left(row.get("session_ends_at")),
             ]
             for row in rows
         ],
-        ["ID", "STATE", "SIZE", "IMAGE", "CREATED (UTC)"],
+        ["ID", "STATE", "SIZE", "IMAGE", "CREATED (UTC)", "TIME LEFT"],
     )
     emit(ctx, rows, table if rows else "No instances. Launch one: devcloud launch --size 1x --image <image>")
+
+
+def _time_left(session_ends_at: str | None, now: datetime | None = None) -> str:
+    """Until the portal stops it, as "2h05m" or "12m"; "-" when nothing will."""
+    if not session_ends_at:
+        return "-"
+    ends = datetime.fromisoformat(session_ends_at)
+    minutes = max(int((ends - (now or datetime.now(UTC))).total_seconds() // 60), 0)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+
+
+@cli.command()
+@click.argument("instance")
+@click.option("--hours", type=click.IntRange(min=1), required=True, help="Hours to add to the session.")
+@json_option
+@click.pass_context
+def extend(ctx, instance, hours):
+    """Add hours to a running instance's session before its time limit stops it (while credit covers them)."""
+    client = api(ctx)
+    target = client.resolve(instance)
+    extended = client.request("POST", f"/instances/{target['id']}/extend", json={"hours": hours})
+    ends = extended.get("session_ends_at")
+    emit(
+        ctx,
+        extended,
+        f"{extended['short_id']} extended by {hours} hour{'s' if hours != 1 else ''}; "
+        + (f"it now stops at {ends[:16].replace('T', ' ')} UTC." if ends else "nothing stops it now."),
+    )
 
 
 @cli.command()
@@ -282,9 +586,145 @@ def open_lab(ctx, instance, browser):
 
 # --- SSH -------------------------------------------------------------------------------------------
 
+LIVE_STATES = ("queued", "provisioning", "running", "stopping")
 
-def _ssh_access(client: Api) -> dict:
-    return client.get("/ssh")
+
+def _ssh_access(client: Api, *, accept_new_gateway_key: bool = False) -> dict:
+    """GET /ssh, with the gateway's published host key checked against the one pinned in the CLI's
+    known_hosts (written there on first use). Refuses (exit 1) when the portal has no key to publish or
+    publishes another one than was pinned."""
+    access = client.get("/ssh")
+    if not access.get("host_key"):
+        client.fail(
+            "The portal publishes no host key for its SSH gateway, so the gateway cannot be checked: "
+            f"{access.get('host_key_note') or 'ask the operators.'}",
+            REFUSED,
+        )
+    path = config.gateway_known_hosts_path()
+    try:
+        outcome = hostkeys.pin_gateway_key(path, access["host_key"], accept_new=accept_new_gateway_key)
+    except hostkeys.GatewayKeyChanged as changed:
+        pinned = ", ".join(hostkeys.fingerprint(key) for key in changed.pinned)
+        client.fail(
+            f"The SSH gateway's host key has changed: {client.url} now publishes "
+            f"{access['host_key_fingerprint']} for {changed.pattern}, but this computer pinned {pinned} "
+            f"(in {path}). Not connecting. If your operators announced a new gateway key with that "
+            "fingerprint, run `devcloud ssh-config --accept-new-gateway-key`; otherwise do not connect, "
+            "and tell them.",
+            REFUSED,
+        )
+    if outcome != "known":
+        what = "Pinned" if outcome == "pinned" else "Replaced the pinned key with"
+        click.echo(
+            f"{what} the SSH gateway's host key {access['host_key_fingerprint']} (in {path}).", err=True
+        )
+    return {**access, "known_hosts_file": str(path)}
+
+
+def _prune_instance_keys(client: Api) -> None:
+    live = [row for row in client.get("/instances") if row["state"] in LIVE_STATES]
+    hostkeys.prune_instance_keys(config.instance_known_hosts_path(), live)
+
+
+def _ssh_path(path) -> str:
+    """A file name for an OpenSSH option: `%` doubled (it starts a token), quoted (it may hold spaces)."""
+    return '"' + str(path).replace("%", "%%") + '"'
+
+
+def _has_terminal() -> bool:
+    """Whether this process has a controlling terminal, where OpenSSH could ask for a passphrase."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR))
+    except OSError:
+        return False
+    return True
+
+
+def _split_command(args: list[str]) -> tuple[list[str], list[str]]:
+    """(ssh options, the command) from what follows the instance: the command is what follows `--`."""
+    if args[:1] == ["--"]:
+        return [], args[1:]
+    if "--" in args:
+        index = args.index("--")
+        return args[:index], args[index + 1 :]
+    return args, []
+
+
+def _config_file(options: list[str]) -> str | None:
+    """The -F file among the ssh options, which OpenSSH's own -J hands to the jump too."""
+    for index, arg in enumerate(options):
+        if arg == "-F" and index + 1 < len(options):
+            return options[index + 1]
+        if arg.startswith("-F") and len(arg) > 2:
+            return arg[2:]
+    return None
+
+
+def _identity_options(identity: Path | None) -> list[str]:
+    """ssh options that offer only `identity`'s key (none: whatever ssh would offer)."""
+    if identity is None:
+        return []
+    return ["-i", str(identity), "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none"]
+
+
+def _gateway_hop(
+    program: str, access: dict, *, batch: bool, config_file: str | None, identity: Path | None = None
+) -> str:
+    """The ProxyCommand that reaches the instance through the gateway, with the gateway's key checked
+    strictly against the pinned file. Options given to ssh on its command line do not reach the jump
+    connection -J makes, so the CLI spells that connection out itself."""
+    command = [program]
+    if config_file:
+        command += ["-F", config_file]
+    command += [
+        "-o",
+        f"UserKnownHostsFile={_ssh_path(access['known_hosts_file'])}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+    ]
+    if batch:
+        command += ["-o", "BatchMode=yes"]
+    command += _identity_options(identity)
+    command += ["-p", str(access["gateway_port"]), "-W", "[%h]:%p", "--", access["gateway_host"]]
+    quoted = [shlex.quote(part) for part in command]
+    # %h and %p are OpenSSH's (the instance's name and port); any other % is literal.
+    return " ".join(part if part == "'[%h]:%p'" else part.replace("%", "%%") for part in quoted)
+
+
+def _ssh_argv(
+    client: Api, target: dict, options: list[str], command_line: str = "", *, identity: Path | None = None
+) -> list[str]:
+    """The OpenSSH command line, full path first, for `target` through the gateway: the gateway's key
+    checked strictly against the pinned one; the instance's new key taken on first use (the portal does
+    not know it), kept under the instance's full id and never reused; never a question without a
+    terminal (BatchMode). `options` go to ssh, `command_line` (if any) is what the instance runs.
+    `identity`, a private key file, is the only key offered, on both hops."""
+    access = _ssh_access(client)
+    _prune_instance_keys(client)
+    program = shutil.which("ssh")
+    if program is None:
+        client.fail("OpenSSH's `ssh` is not installed (or not on PATH).", USAGE)
+    batch = not _has_terminal()
+    return [
+        program,
+        "-o",
+        f"ProxyCommand={_gateway_hop(program, access, batch=batch, config_file=_config_file(options), identity=identity)}",
+        "-o",
+        f"UserKnownHostsFile={_ssh_path(config.instance_known_hosts_path())}",
+        "-o",
+        f"HostKeyAlias={hostkeys.instance_alias(target['id'])}",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        "HashKnownHosts=no",
+        "-o",
+        "CheckHostIP=no",
+        *(["-o", "BatchMode=yes"] if batch else []),
+        *_identity_options(identity),
+        f"{access['user']}@{target['short_id']}",
+        *options,
+        *(["--", command_line] if command_line else []),
+    ]
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -294,50 +734,53 @@ def _ssh_access(client: Api) -> dict:
 def ssh(ctx, instance, ssh_args):
     """Open a shell in an instance with OpenSSH, through the portal's gateway.
 
-    Runs `ssh -J <gateway> developer@<short id> [SSH_ARGS]`; anything after the instance goes to ssh,
-    e.g. `devcloud ssh 1a2b3c4d -L 8000:localhost:8000` or `devcloud ssh 1a2b3c4d -- nvidia-smi`.
+    Runs `ssh developer@<short id> [SSH_ARGS]` through the gateway, whose host key is checked against
+    the one the portal publishes; anything after the instance goes to ssh, e.g.
+    `devcloud ssh 1a2b3c4d -L 8000:localhost:8000` or `devcloud ssh 1a2b3c4d -- amd-smi`. After `--`,
+    one argument is a shell command line; several are a program and its arguments, each kept whole
+    (`-- python3 -c 'print(6 * 7)'`). The command's exit code is devcloud's. Without a terminal it never
+    asks anything (BatchMode): keys come from the agent or files without a passphrase.
     """
     client = api(ctx)
     target = client.resolve(instance)
     if target["state"] != "running":
         client.fail(f"Instance {target['short_id']} is {target['state']}, not running.", REFUSED)
-    access = _ssh_access(client)
-    program = shutil.which("ssh")
-    if program is None:
-        client.fail("OpenSSH's `ssh` is not installed (or not on PATH).", USAGE)
-    args = list(ssh_args)
-    if args[:1] == ["--"]:
-        args = args[1:]
-    argv = [
-        "ssh",
-        "-J",
-        access["proxy_jump"],
-        # Every instance makes a new host key at start: trust it on first use, through the gateway.
-        "-o",
-        "StrictHostKeyChecking=accept-new",
-        f"{access['user']}@{target['short_id']}",
-        *args,
-    ]
+    options, command = _split_command(list(ssh_args))
+    argv = _ssh_argv(client, target, options, run_parts.command_line(command) if command else "")
     sys.stdout.flush()
-    os.execv(program, argv)
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
 
 
 @cli.command(name="ssh-config")
+@click.option(
+    "--accept-new-gateway-key",
+    is_flag=True,
+    help="Pin the gateway host key the portal now publishes in place of the one pinned before (only when "
+    "your operators announced a new key).",
+)
 @json_option
 @click.pass_context
-def ssh_config(ctx):
+def ssh_config(ctx, accept_new_gateway_key):
     """Print an ~/.ssh/config block, so that plain `ssh devcloud-<short id>` (and scp, rsync, VS Code)
-    work."""
-    access = _ssh_access(api(ctx))
+    work, checking the gateway's host key against the one the portal publishes."""
+    client = api(ctx)
+    access = _ssh_access(client, accept_new_gateway_key=accept_new_gateway_key)
+    _prune_instance_keys(client)
     block = (
         "Host devcloud-gateway\n"
         f"    HostName {access['gateway_host']}\n"
         f"    Port {access['gateway_port']}\n"
+        f"    UserKnownHostsFile {_ssh_path(access['known_hosts_file'])}\n"
+        "    StrictHostKeyChecking yes\n"
         "\n"
         "Host devcloud-* !devcloud-gateway\n"
         f"    User {access['user']}\n"
         "    ProxyJump devcloud-gateway\n"
+        f"    UserKnownHostsFile {_ssh_path(config.instance_known_hosts_path())}\n"
         "    StrictHostKeyChecking accept-new\n"
+        "    HashKnownHosts no\n"
+        "    CheckHostIP no\n"
     )
     emit(ctx, {**access, "config": block}, block.rstrip("\n"))
 

@@ -214,6 +214,36 @@ class StateCollector:
         yield period
 
         yield from self._broker()
+        yield from self._gpu_health()
+
+    def _gpu_health(self):
+        """Drained GPUs per host and each GPU's RAS error counts at its last reading (provisioning/gpu_health.py)."""
+        from provisioning.models import Gpu
+
+        drained = GaugeMetricFamily(
+            "devcloud_gpus_drained",
+            "GPUs drained by their health check (no new placements until an operator returns them), by host.",
+            labels=["host"],
+        )
+        errors = GaugeMetricFamily(
+            "devcloud_gpu_ras_errors",
+            "RAS error counts of each GPU at its last health reading (sums of amdgpu's ras/*_err_count), by "
+            "host, GPU and kind (uncorrectable, correctable).",
+            labels=["host", "gpu", "kind"],
+        )
+        per_host = {}
+        rows = Gpu.objects.filter(is_present=True).values_list(
+            "host__name", "render_minor", "is_drained", "ras_uncorrectable", "ras_correctable"
+        )
+        for host, minor, is_drained, uncorrectable, correctable in rows:
+            per_host[host] = per_host.get(host, 0) + int(is_drained)
+            if uncorrectable is not None:
+                errors.add_metric([host, f"renderD{minor}", "uncorrectable"], uncorrectable)
+                errors.add_metric([host, f"renderD{minor}", "correctable"], correctable or 0)
+        for host, count in sorted(per_host.items()):
+            drained.add_metric([host], count)
+        yield drained
+        yield errors
 
     def _broker(self):
         import redis

@@ -278,10 +278,14 @@ class Burner:
 
 
 def top_burners(time_range: TimeRange, *, limit: int = 10) -> list[Burner]:
-    """The users who burned the most GPU-seconds in the range, most first."""
+    """The users who burned the most GPU-seconds of their own credit in the range, most first (projects'
+    pools, which have no user, are not among them)."""
     rows = (
         LedgerEntry.objects.filter(
-            created_at__gte=time_range.start, created_at__lt=time_range.end, kind=LedgerEntry.Kind.USAGE
+            created_at__gte=time_range.start,
+            created_at__lt=time_range.end,
+            kind=LedgerEntry.Kind.USAGE,
+            account__user__isnull=False,
         )
         .values("account__user_id", "account__user__email")
         .annotate(spent=Sum("gpu_seconds"))

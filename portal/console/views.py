@@ -1,4 +1,4 @@
-"""Staff pages: the dashboard with charts, and the audit log with its CSV export."""
+"""Staff pages: the dashboard with charts, the audit log and the GPU efficiency report, with CSV exports."""
 
 import csv
 import json
@@ -14,8 +14,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.audit.services import AUDIT_ACTIONS
+from portal.instances.efficiency import REPORT_WINDOW_DAYS, report_window_days
 
 from . import dashboard as dashboard_content
+from . import efficiency as efficiency_content
 from . import selectors
 from .forms import AuditFilters
 from .timeranges import PRESETS, resolve_range
@@ -137,4 +139,32 @@ def audit_export(request):
     )
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     response["Content-Disposition"] = f'attachment; filename="devcloud-audit-{stamp}.csv"'
+    return response
+
+
+@staff_only
+def efficiency(request):
+    """The fleet's credit spent while GPUs sat idle, by user, project and image, over ?days= (7, 30, 90)."""
+    report = efficiency_content.fleet_efficiency(report_window_days(request.GET.get("days")))
+    return render(
+        request, "console/efficiency.html", {"report": report, "windows": sorted(REPORT_WINDOW_DAYS)}
+    )
+
+
+@staff_only
+def efficiency_export(request):
+    """The efficiency report's rows (every user, project and image) as CSV."""
+    report = efficiency_content.fleet_efficiency(report_window_days(request.GET.get("days")))
+    writer = csv.writer(_Echo())
+    response = StreamingHttpResponse(
+        (
+            writer.writerow([csv_cell(cell) for cell in row])
+            for row in efficiency_content.csv_rows(report)
+        ),
+        content_type="text/csv; charset=utf-8",
+    )
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = (
+        f'attachment; filename="devcloud-efficiency-{report.days}d-{stamp}.csv"'
+    )
     return response

@@ -87,11 +87,11 @@ def adjust_url(user) -> str:
 class CreditAccountAdmin(admin.ModelAdmin):
     """Balances are read-only here: they change only through ledger entries (the adjust view)."""
 
-    list_display = ("user", "balance", "bonus", "updated_at")
-    list_select_related = ("user",)
-    search_fields = ("user__email",)
-    ordering = ("user__email",)
-    fields = ("user", "balance", "bonus", "updated_at", "adjust_link", "recent_entries")
+    list_display = ("user", "project", "balance", "bonus", "updated_at")
+    list_select_related = ("user", "project")
+    search_fields = ("user__email", "project__slug")
+    ordering = ("user__email", "project__slug")
+    fields = ("user", "project", "balance", "bonus", "updated_at", "adjust_link", "recent_entries")
     readonly_fields = fields
 
     @admin.display(description="Balance (GPU-hours)", ordering="balance_gpu_seconds")
@@ -104,12 +104,16 @@ class CreditAccountAdmin(admin.ModelAdmin):
 
     @admin.display(description="Adjust")
     def adjust_link(self, account):
+        if account.user_id is None:
+            return "A project's pool: granted through the operators' programme for projects."
         return format_html(
             '<a class="button" href="{}">Grant or correct credits</a>', adjust_url(account.user)
         )
 
     @admin.display(description="Ledger")
     def recent_entries(self, account):
+        if account.user_id is None:
+            return "Its owners see its usage on the project's page."
         return ledger_table(account.user)
 
     def has_add_permission(self, request):
@@ -200,8 +204,8 @@ class LedgerEntryAdmin(admin.ModelAdmin):
         "actor_name",
     )
     list_filter = ("kind",)
-    search_fields = ("account__user__email",)
-    list_select_related = ("account__user",)
+    search_fields = ("account__user__email", "account__project__slug")
+    list_select_related = ("account__user", "account__project")
     date_hierarchy = "created_at"
     fields = (
         "user_email",
@@ -217,6 +221,8 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 
     @admin.display(description="User", ordering="account__user__email")
     def user_email(self, entry):
+        if entry.account.user_id is None:
+            return f"project {entry.account.project.slug} (its pool)"
         return entry.account.user.email
 
     @admin.display(description="GPU-hours", ordering="gpu_seconds")

@@ -22,10 +22,14 @@ def hours(gpu_seconds: int) -> str:
 
 
 class CreditAccount(models.Model):
-    """The balance of one user. Changed only together with a LedgerEntry, under select_for_update()."""
+    """The balance of one user, or the shared pool of one project (exactly one of the two is set).
+    Changed only together with a LedgerEntry, under select_for_update()."""
 
     user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="credit_account"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="credit_account"
+    )
+    project = models.OneToOneField(
+        "projects.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="credit_account"
     )
     balance_gpu_seconds = models.BigIntegerField(default=0)
     # Bonus seconds collected across all bonus programs; capped at BONUS_CAP_GPU_HOURS.
@@ -34,11 +38,15 @@ class CreditAccount(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(bonus_gpu_seconds__gte=0), name="credits_bonus_nonnegative")
+            models.CheckConstraint(condition=Q(bonus_gpu_seconds__gte=0), name="credits_bonus_nonnegative"),
+            models.CheckConstraint(
+                condition=Q(user__isnull=False, project__isnull=True) | Q(user__isnull=True, project__isnull=False),
+                name="credits_account_user_xor_project",
+            ),
         ]
 
     def __str__(self):
-        return f"{self.user} {hours(self.balance_gpu_seconds)} GPU-h"
+        return f"{self.user or self.project} {hours(self.balance_gpu_seconds)} GPU-h"
 
     @property
     def balance_hours(self) -> str:
@@ -70,6 +78,11 @@ class LedgerEntry(models.Model):
     )
     # The operator's name as it was when they acted, so the record reads right after renames.
     actor_name = models.CharField(max_length=254, blank=True, default="")
+    # The instance a usage (or its reversal) is for; through it, who launched it. Empty on other kinds
+    # and on usage written before the column existed (the ledger is never rewritten).
+    instance = models.ForeignKey(
+        "instances.Instance", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

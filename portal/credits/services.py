@@ -47,17 +47,27 @@ def _actor_name(actor) -> str:
 
 
 def ledger_post(
-    *, user, kind: str, gpu_seconds: int, idempotency_key: str, reason: str, actor=None
+    *,
+    user=None,
+    account: CreditAccount | None = None,
+    kind: str,
+    gpu_seconds: int,
+    idempotency_key: str,
+    reason: str,
+    actor=None,
+    instance=None,
 ) -> LedgerEntry:
-    """Append one entry and move the balance with it. Returns the entry.
+    """Append one entry to `user`'s account (or to `account`, e.g. a project's pool) and move the balance
+    with it. `instance` names the instance a usage or reversal is for. Returns the entry.
 
     Idempotent: posting the same key again returns the first entry and changes nothing.
     """
     if not reason:
         raise ValidationError("Every ledger entry needs a reason.")
-    account_for(user)
+    if account is None:
+        account = account_for(user)
     with transaction.atomic():
-        account = CreditAccount.objects.select_for_update().get(user=user)
+        account = CreditAccount.objects.select_for_update().get(pk=account.pk)
         # Read after taking the lock: a concurrent post with the same key has committed by now.
         existing = LedgerEntry.objects.filter(idempotency_key=idempotency_key).first()
         if existing is not None:
@@ -72,6 +82,7 @@ def ledger_post(
             reason=reason,
             actor=actor,
             actor_name=_actor_name(actor),
+            instance=instance,
         )
         account.save(update_fields=["balance_gpu_seconds", "updated_at"])
         return entry

@@ -1,13 +1,18 @@
 """The developer's credit pages. Every read is scoped to request.user; no page takes another user's id."""
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from portal.instances import efficiency
+from portal.instances.models import Instance
 from portal.instances.selectors import credits_exhausted_notice
 
 from . import selectors, services
@@ -51,6 +56,31 @@ def history(request):
         request,
         "credits/history.html",
         {"page": page, "balance_hours": hours(selectors.balance_for(request.user))},
+    )
+
+
+EFFICIENCY_INSTANCE_ROWS = 100
+
+
+@login_required
+@require_GET
+def efficiency_report(request):
+    """The person's own credit spent, and spent while their GPUs sat idle, over ?days= (7, 30 or 90)."""
+    days = efficiency.report_window_days(request.GET.get("days"))
+    since = timezone.now() - timedelta(days=days)
+    instances = efficiency.billed_in_window(Instance.objects.filter(user=request.user), start=since)
+    return render(
+        request,
+        "credits/efficiency.html",
+        {
+            "days": days,
+            "windows": sorted(efficiency.REPORT_WINDOW_DAYS),
+            "total": efficiency.efficiency_total(instances),
+            "by_image": efficiency.efficiency_by(instances, field="image__name", label="(no image)"),
+            # CI runs can make hundreds in a window; the totals above count them all.
+            "by_instance": efficiency.efficiency_per_instance(instances, limit=EFFICIENCY_INSTANCE_ROWS),
+            "instance_rows": EFFICIENCY_INSTANCE_ROWS,
+        },
     )
 
 

@@ -16,12 +16,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from portal.credits.models import hours
-from provisioning.drivers import driver_for
-from provisioning.drivers.base import DriverError
 
-from . import services
+from . import logs, services
 from .models import Image, Instance, InstanceEvent
-from .start_spec import instance_ref
 
 # Lines of the container's output shown on the instance's page.
 LOG_TAIL_LINES = 100
@@ -180,19 +177,12 @@ class InstanceAdmin(admin.ModelAdmin):
 
     @admin.display(description="Output")
     def container_log(self, obj):
-        """The container's last lines, read from its host now. Says why when there is nothing to show."""
-        if obj.host_id is None:
-            return "No container: the instance never got a host."
-        if obj.state not in (Instance.State.PROVISIONING, Instance.State.RUNNING, Instance.State.STOPPING):
-            return "No container: it is removed when the instance ends (the workspace volume is kept)."
-        driver = driver_for(obj.host, obj.driver)
-        try:
-            text = driver.logs(instance_ref(obj), tail=LOG_TAIL_LINES)
-        except DriverError as error:
-            return f"Could not read the log: {error.message}"
-        if not text.strip():
-            return "The container has printed nothing yet (or is gone)."
-        return format_html('<pre class="container-log" data-testid="container-log">{}</pre>', text)
+        """The container's last lines, read from its host now by a worker (portal/instances/logs.py).
+        Says why when there is nothing to show."""
+        found, note = logs.log_lines(obj, lines=LOG_TAIL_LINES)
+        if note:
+            return note
+        return format_html('<pre class="container-log" data-testid="container-log">{}</pre>', "\n".join(found))
 
     # --- Force stop ----------------------------------------------------------------------------------
 

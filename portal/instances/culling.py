@@ -22,7 +22,8 @@ SSH session, and the last time
 this culler saw the GPUs busy or go idle again. Those GPU sightings are written to the instance's
 timeline ("GPUs busy...", "GPUs idle again...") only when they change and no kernel is busy (a busy
 kernel explains itself), so that the clock survives between rounds and the owner can see why the
-instance was kept or stopped.
+instance was kept or stopped. Every GPU reading, whatever else keeps or skips the instance, is also
+added to its sampled and busy GPU-seconds for the efficiency report (portal/instances/efficiency.py).
 
 Past the policy's idle minutes for the size (LaunchPolicy.idle_minutes_for; 0 means never culled) the
 owner is warned. The warning is a Notification whose event key names the idle stretch by `idle_since`;
@@ -60,6 +61,7 @@ from portal.sshgateway.selectors import last_session_activity, open_session_inst
 from provisioning import hostfs
 
 from . import services
+from .efficiency import gpu_samples_record
 from .models import Instance, InstanceEvent, LaunchPolicy
 from .stop_reasons import StopReason
 from .transitions import event_record as instance_event_record
@@ -268,6 +270,12 @@ def cull_idle(now: datetime | None = None) -> CullReport:
     ssh_open = open_session_instance_ids(instance_ids)
     ssh_last = last_session_activity(instance_ids)
     gpu_percents = hostfs.instances_gpu_busy([instance.id for instance in instances])
+    # Every reading counts towards the efficiency report, whatever else keeps or skips the instance.
+    gpu_samples_record(
+        readings={key: percent > busy_percent for key, percent in gpu_percents.items() if percent is not None},
+        instances=instances,
+        now=now,
+    )
 
     past_idle_time = []
     for instance in instances:

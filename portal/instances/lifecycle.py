@@ -17,12 +17,14 @@ Celery tasks (portal/instances/tasks.py) are thin wrappers; retries of transient
 
 import functools
 import logging
+import socket
 import threading
 import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from urllib.parse import urlparse
 
 import httpx
 from django.conf import settings
@@ -31,9 +33,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.credits import metering
-from portal.credits.models import CreditAccount
 from portal.lib.tasks import publish
-from portal.notifications.services import notify_instance_stopped, notify_launch_failed
+from portal.notifications.services import notify_gpu_unhealthy, notify_instance_stopped, notify_launch_failed
 from provisioning import health, scheduler, start_slots, workspaces
 from provisioning.slurm import clusters as slurm_clusters
 from provisioning.drivers import driver_for
@@ -74,6 +75,13 @@ READY_POLL_UNTIL_SERVING_SECONDS = 1.0
 READY_CHECK_EVERY = 1.0
 READY_CHECK_UNTIL_SERVING_SECONDS = 5.0
 STATUS_REQUEST_TIMEOUT = 2.0
+# The readiness wait also waits for the instance's sshd to greet (`SSH-2.0-…`), so that "running" means
+# `devcloud ssh` works too. sshd starts before JupyterLab, so it normally greets first; an image whose
+# sshd never does (built without it: the docker driver publishes the port anyway) goes running this long
+# after JupyterLab answers, with a line on its timeline saying SSH is off.
+SSH_GRACE_AFTER_LAB_SECONDS = 10.0
+SSH_BANNER_TIMEOUT = 1.0
+SSH_BANNER = b"SSH-2.0-"
 
 NOTHING_CHARGED = "Nothing was charged."
 
@@ -220,7 +228,7 @@ def _start_and_wait(instance: Instance, driver, spec, turn) -> "ReadyOutcome | s
             # Its own step, before the start: the move's lines show on the timeline as it goes.
             workspaces.workspace_prepare(
                 host=driver.host, owner_id=instance.user_id, image_reference=spec.image_reference,
-                progress=progress,
+                progress=progress, limit_bytes=spec.workspace_limit_bytes,
             )
         result = driver.start(spec, progress=progress, turn=turn)
     except NotPlacedYet as pending:
@@ -293,17 +301,49 @@ def _tls_context():
     return httpx.create_ssl_context()
 
 
+def ssh_endpoint(instance: Instance, endpoint: str) -> tuple[str, int] | None:
+    """Where the portal reaches the instance's sshd: the port the driver reported (driver_state
+    "ssh_port") on the endpoint's address, as the SSH gateway connects. None when it runs no sshd (the
+    local and fake drivers, a Slurm job started without one)."""
+    port = (instance.driver_state or {}).get("ssh_port")
+    address = urlparse(endpoint).hostname
+    return (address, int(port)) if port and address else None
+
+
+def sshd_greets(address: str, port: int) -> bool:
+    """Whether an SSH server answers on address:port with its version line (`SSH-2.0-…`). A refused or
+    silent connection is False, as is the engine's port proxy, which accepts before sshd inside listens
+    and then closes."""
+    banner = b""
+    try:
+        with socket.create_connection((address, port), timeout=SSH_BANNER_TIMEOUT) as sock:
+            while b"\n" not in banner and len(banner) < 256:
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                banner += chunk
+    except OSError:
+        return False
+    return banner.startswith(SSH_BANNER)
+
+
 def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutcome:
-    """Poll JupyterLab's /api/status with the instance's token until it answers 200, within READY_TIMEOUT_SECONDS.
+    """Poll JupyterLab's /api/status with the instance's token until it answers 200, and the instance's
+    sshd (ssh_endpoint) until it greets, within READY_TIMEOUT_SECONDS.
 
     Returns a ReadyOutcome: ready, aborted (the instance was stopped meanwhile), or not ready with a
-    reason a person can act on (timeout, or the container exited). Raises DriverError(permanent=False)
-    from driver.poll when the host stops answering.
+    reason a person can act on (timeout, or the container exited). An sshd that has not greeted
+    SSH_GRACE_AFTER_LAB_SECONDS after JupyterLab answered does not hold the launch: it is ready, with a
+    timeline line saying SSH does not answer. Raises DriverError(permanent=False) from driver.poll when
+    the host stops answering.
     """
     timeout = settings.READY_TIMEOUT_SECONDS
     deadline = time.monotonic() + timeout
     headers = {"Authorization": f"token {instance.jupyter_token}"}
     url = status_url(instance, endpoint)
+    sshd = ssh_endpoint(instance, endpoint)
+    sshd_answered = sshd is None
+    lab_answered_at = None
     serving, done = _watch_for_serving_line(instance, driver, deadline)
     next_check = time.monotonic() + (READY_CHECK_EVERY if serving.is_set() else READY_CHECK_UNTIL_SERVING_SECONDS)
     try:
@@ -312,11 +352,24 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
             timeout=STATUS_REQUEST_TIMEOUT, trust_env=False, follow_redirects=False, verify=_tls_context()
         ) as client:
             while True:
-                try:
-                    if client.get(url, headers=headers).status_code == 200:
+                if lab_answered_at is None:
+                    try:
+                        if client.get(url, headers=headers).status_code == 200:
+                            lab_answered_at = time.monotonic()
+                    except httpx.HTTPError:
+                        pass
+                if not sshd_answered:
+                    sshd_answered = sshd_greets(*sshd)
+                if lab_answered_at is not None:
+                    if sshd_answered:
                         return ReadyOutcome(ready=True)
-                except httpx.HTTPError:
-                    pass
+                    if time.monotonic() >= min(lab_answered_at + SSH_GRACE_AFTER_LAB_SECONDS, deadline):
+                        event_record(
+                            instance=instance,
+                            message=f"Its SSH server did not answer within {SSH_GRACE_AFTER_LAB_SECONDS:.0f} "
+                            "seconds of JupyterLab, so SSH may not reach it; JupyterLab works.",
+                        )
+                        return ReadyOutcome(ready=True)
                 now = time.monotonic()
                 if now >= next_check or now >= deadline:
                     # While the output is followed, its end (the container exited or was removed by a
@@ -341,7 +394,7 @@ def wait_until_ready(instance: Instance, driver, *, endpoint: str) -> ReadyOutco
                         f"(instance {instance.short_id})."
                     )
                 remaining = max(deadline - time.monotonic(), 0.01)
-                if serving.is_set():
+                if serving.is_set() or lab_answered_at is not None:
                     # A sleep, not serving.wait: a set event returns at once, and the poll would spin
                     # (a driver that cannot follow output sets it from the start: the whole wait).
                     time.sleep(min(READY_POLL_SECONDS, remaining))
@@ -473,9 +526,8 @@ def _close_metering(instance: Instance) -> int:
         or instance.metered_until >= instance.state_changed_at
     ):
         return 0
-    CreditAccount.objects.get_or_create(user_id=instance.user_id)
     with transaction.atomic():
-        CreditAccount.objects.select_for_update().get(user_id=instance.user_id)
+        metering.payer_locked(instance)
         locked = Instance.objects.select_for_update().get(id=instance.id)
         if locked.state != State.STOPPING:
             return 0
@@ -555,7 +607,33 @@ def hosts_heartbeat(now: datetime | None = None) -> HostsHeartbeatReport:
         report.requeued += requeued
     if report.heartbeat.came_back:
         enqueue(tasks.reconcile)
+    gpus_drained_tell(gpu_ids=report.heartbeat.gpus_drained)
     return report
+
+
+def gpus_drained_tell(*, gpu_ids) -> list:
+    """Tell the owner of each live instance holding one of the drained GPUs (provisioning/gpu_health.py),
+    on its timeline and by notification; the instance keeps running. Returns the instance ids told."""
+    told = []
+    live = GpuAllocation.objects.filter(gpu_id__in=list(gpu_ids), released_at__isnull=True).select_related(
+        "gpu", "instance", "instance__user", "instance__image"
+    )
+    for allocation in live:
+        gpu, instance = allocation.gpu, allocation.instance
+        event_record(
+            instance=instance,
+            message=f"Its GPU renderD{gpu.render_minor} failed its health check and was taken out of service: "
+            f"{gpu.drained_reason} The instance keeps running; save your work, then stop it and launch again "
+            "to get healthy GPUs.",
+        )
+        notify_gpu_unhealthy(
+            instance=instance,
+            gpu=f"renderD{gpu.render_minor}",
+            health_reason=gpu.drained_reason,
+            drained_at=gpu.drained_at or timezone.now(),
+        )
+        told.append(instance.id)
+    return told
 
 
 def host_down_settle(*, host_id: int) -> tuple[list, list]:
@@ -597,10 +675,9 @@ def _stop_ended(instance_id, host: GpuHost, *, ended_because: str, last_seen, wh
     """Stop a running instance its backend ended: "host_down" (its machine died; `where` names it) or
     "max_length" (the backend's time limit). Charged only up to `last_seen`; the owner is told. Returns
     whether this call stopped it."""
-    owner_id = Instance.objects.values_list("user_id", flat=True).get(id=instance_id)
-    CreditAccount.objects.get_or_create(user_id=owner_id)
+    payer = Instance.objects.only("user_id", "project_id").get(id=instance_id)
     with transaction.atomic():
-        CreditAccount.objects.select_for_update().get(user_id=owner_id)
+        metering.payer_locked(payer)
         instance = Instance.objects.select_for_update(of=("self",)).select_related("user", "image").get(id=instance_id)
         if instance.state != State.RUNNING or instance.host_id != host.pk:
             return False

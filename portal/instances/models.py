@@ -58,6 +58,11 @@ class Instance(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="instances", db_index=False
     )
+    # The project whose pool pays for it; empty for a personal instance, paid by `user`.
+    project = models.ForeignKey(
+        "projects.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="instances",
+        db_index=False,
+    )
     size = models.CharField(max_length=10)
     image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="instances")
     host = models.ForeignKey(
@@ -81,19 +86,41 @@ class Instance(models.Model):
     provisioning_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # A run's own time limit (`devcloud run --timeout`, the API's stop_after_seconds): the portal stops the
+    # instance at this time, whatever became of the client that launched it. Null: only the size's limit.
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    # Hours the owner added to the session's longest length (services.instance_extend), in seconds.
+    # Not to deadline_at: a run's own deadline is the client's and stays where it was set.
+    extended_seconds = models.PositiveIntegerField(default=0)
     # Metering: charged up to this moment; the next tick charges from here.
     metered_until = models.DateTimeField(null=True, blank=True)
     charged_gpu_seconds = models.BigIntegerField(default=0)
+    # GPU use as the idle culler sampled it (portal/instances/efficiency.py): GPU-seconds it had a reading
+    # for, and of those the ones the GPUs were busy. Both 0 means never measured, not idle.
+    gpu_seconds_sampled = models.BigIntegerField(default=0)
+    gpu_seconds_busy = models.BigIntegerField(default=0)
+    # When the culler last had a reading; the next one counts the time since (capped).
+    gpu_sampled_at = models.DateTimeField(null=True, blank=True)
     # Updated on every state change, so the reconciler can spot instances stuck in a transition.
     state_changed_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["user", "state"]), models.Index(fields=["state", "created_at"])]
+        indexes = [
+            models.Index(fields=["user", "state"]),
+            models.Index(fields=["state", "created_at"]),
+            models.Index(fields=["project", "state"], name="instances_project_state"),
+            # The limits beat's scan for runs past their deadline reads only the few rows that have one.
+            models.Index(fields=["deadline_at"], condition=Q(deadline_at__isnull=False), name="instance_deadline"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(size__in=["1x", "8x"]), name="instances_known_size"),
             models.CheckConstraint(
                 condition=Q(stop_reason__in=["", *StopReason.values]), name="instances_known_stop_reason"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_seconds_busy__gte=0, gpu_seconds_busy__lte=models.F("gpu_seconds_sampled")),
+                name="instances_gpu_busy_within_sampled",
             ),
         ]
 

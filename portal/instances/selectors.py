@@ -1,23 +1,26 @@
 """Reads for instance pages: the launch options a user has, their instances, and an instance's progress."""
 
 import time
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Q
 from django.http import Http404
 from django.utils import timezone
 
 from portal.credits.models import GPU_SECONDS_PER_HOUR, CreditAccount, hours
 from portal.gateway import open_path
+from portal.projects.models import Project
 from provisioning.selectors import (
     HostsInService,
     hosts_in_service_summary,
     image_availability,
     simulated_hosts_in_service,
 )
+from provisioning.shares import SizeResources, size_resources
 
-from . import entitlements
+from . import entitlements, sessions
 from .models import Image, Instance, LaunchPolicy
 from .sizes import SIZES, Size
 from .stop_reasons import StopReason
@@ -41,12 +44,16 @@ STOP_REASON_TEXT = {
     StopReason.IDLE: "It was stopped because it was idle.",
     StopReason.MAX_LENGTH: "It reached the longest a session may run at its size and was stopped. Your files "
     "in /workspace are kept; launch again to go on.",
+    StopReason.DEADLINE: "It reached the time limit its launch set (devcloud run --timeout) and was stopped. "
+    "Your files in /workspace are kept.",
     StopReason.SUSPENDED: "It was stopped because your account was suspended.",
     StopReason.HOST_EVICTED: "An operator took its GPU host out of service and stopped it. Your files in "
     "/workspace are kept; launch again to continue on another host.",
     StopReason.HOST_DOWN: "Its GPU host stopped answering, so DevCloud stopped it. You were charged only up "
     "to the last moment the host was seen working; launch again to continue on another host.",
     StopReason.ACCOUNT_DELETED: "It was stopped because the account was deleted.",
+    StopReason.PROJECT_OWNER: "An owner of its project stopped it.",
+    StopReason.REMOVED_FROM_PROJECT: "It was stopped because you were removed from its project.",
 }
 
 
@@ -59,35 +66,61 @@ def launch_minimum_gpu_seconds(size: Size) -> int:
     return size.gpus * launch_window_seconds()
 
 
-def _burning(user, now: datetime, *, instances: list[Instance] | None = None) -> tuple[int, int, int]:
-    """(GPUs of the user's queued, provisioning and running instances, GPU-seconds burned but not yet
-    charged, how many such instances there are). `instances`, when the caller has every live one of the
-    user's, saves reading them."""
+def _burn_of(rows, now: datetime) -> tuple[int, int]:
+    """(GPUs, GPU-seconds burned but not yet charged) of (size, state, metered_until) rows."""
     gpus_total, unbilled = 0, 0
-    if instances is not None:
-        rows = [(i.size, i.state, i.metered_until) for i in instances if i.state in BURNING_STATES]
-    else:
-        rows = list(
-            Instance.objects.filter(user=user, state__in=BURNING_STATES).values_list(
-                "size", "state", "metered_until"
-            )
-        )
     for size_key, state, metered_until in rows:
         gpus = SIZES[size_key].gpus
         gpus_total += gpus
         if state == Instance.State.RUNNING and metered_until is not None and now > metered_until:
             unbilled += gpus * int((now - metered_until).total_seconds())
+    return gpus_total, unbilled
+
+
+def _burning(user, now: datetime, *, instances: list[Instance] | None = None) -> tuple[int, int, int]:
+    """(GPUs of the user's personal queued, provisioning and running instances, GPU-seconds they burned
+    but were not yet charged, how many such instances the user has, project ones included: the launch
+    policy's per-person limit counts both). `instances`, when the caller has every live one of the
+    user's, saves reading them."""
+    if instances is not None:
+        rows = [(i.size, i.state, i.metered_until, i.project_id) for i in instances if i.state in BURNING_STATES]
+    else:
+        rows = list(
+            Instance.objects.filter(user=user, state__in=BURNING_STATES).values_list(
+                "size", "state", "metered_until", "project_id"
+            )
+        )
+    gpus_total, unbilled = _burn_of([row[:3] for row in rows if row[3] is None], now)
     return gpus_total, unbilled, len(rows)
 
 
 def committed_gpu_seconds(user, *, now: datetime | None = None) -> int:
-    """Credit the user's live instances will use within the launch window, in GPU-seconds.
+    """Credit the user's live personal instances will use within the launch window, in GPU-seconds
+    (project instances are paid by their project's pool: project_committed_gpu_seconds).
 
     Each queued, provisioning or running instance counts its GPUs × the window, and a running one also
     counts what it has burned since its last charge (metered_until to now), which the balance does not
     show yet.
     """
     gpus, unbilled, _ = _burning(user, now or timezone.now())
+    return gpus * launch_window_seconds() + unbilled
+
+
+def project_burning(project_id, *, now: datetime | None = None, user=None) -> tuple[int, int, int]:
+    """(GPUs, GPU-seconds burned but not yet charged, count) of the project's queued, provisioning and
+    running instances; only those `user` launched when given."""
+    live = Instance.objects.filter(project_id=project_id, state__in=BURNING_STATES)
+    if user is not None:
+        live = live.filter(user=user)
+    rows = list(live.values_list("size", "state", "metered_until"))
+    gpus, unbilled = _burn_of(rows, now or timezone.now())
+    return gpus, unbilled, len(rows)
+
+
+def project_committed_gpu_seconds(project_id, *, now: datetime | None = None, user=None) -> int:
+    """What the project's live instances (those `user` launched, when given) will use from its pool
+    within the launch window, in GPU-seconds: committed_gpu_seconds' rule for the project's pool."""
+    gpus, unbilled, _ = project_burning(project_id, now=now, user=user)
     return gpus * launch_window_seconds() + unbilled
 
 
@@ -122,6 +155,8 @@ class SizeOption:
     policy_refusal: entitlements.Refusal | None = None
     # How long an instance of this size may run, and when an idle one is stopped ('' if no limit).
     session_limit: str = ""
+    # What it gets of its host (provisioning.shares.SizeResources); None when no host in service takes it.
+    resources: SizeResources | None = None
 
     @property
     def key(self) -> str:
@@ -271,6 +306,8 @@ class Catalogue:
     images: list[Image]
     hosts: HostsInService
     open_programs: list[str]
+    # What an instance of each GPU count gets of its host (provisioning.shares.size_resources).
+    size_resources: dict = field(default_factory=dict)
 
 
 # The catalogue as this process last read it, and until when (time.monotonic()) it may be shown again.
@@ -292,6 +329,7 @@ def launch_catalogue() -> Catalogue:
         images=images_with_availability(),
         hosts=hosts_in_service_summary(),
         open_programs=entitlements.open_program_names(),
+        size_resources=size_resources({size.gpus for size in SIZES.values()}),
     )
     if ttl > 0:
         _catalogue_cache = (time.monotonic() + ttl, catalogue)
@@ -333,6 +371,7 @@ def launch_options(
                 allowed_message=policy_refusal.message if policy_refusal else "",
                 policy_refusal=policy_refusal,
                 session_limit=entitlements.session_limit_text(size, policy),
+                resources=catalogue.size_resources.get(size.gpus),
             )
         )
     return LaunchOptions(
@@ -362,9 +401,65 @@ def instance_of_owner(user, instance_id) -> Instance:
     return instance
 
 
+@dataclass(frozen=True)
+class SessionStatus:
+    # When the session's time limit stops it (extensions included); None when nothing does.
+    ends_at: datetime | None
+    time_left: str
+    # Within SESSION_END_WARNING_MINUTES of the end: the page says so.
+    ending_soon: bool
+    # Hours the owner may still add (SESSION_MAX_EXTENSION_HOURS less what was added); 0: no Extend form.
+    extendable_hours: int
+
+
+def session_status(instance: Instance, *, now: datetime | None = None) -> SessionStatus:
+    """The instance page's session line: its end, the time left, and how many hours may still be added."""
+    now = now or timezone.now()
+    ends_at = sessions.session_end(instance, LaunchPolicy.current())
+    if ends_at is None:
+        return SessionStatus(None, "", False, 0)
+    left = max(int((ends_at - now).total_seconds()), 0)
+    extendable = max(settings.SESSION_MAX_EXTENSION_HOURS - instance.extended_seconds // 3600, 0)
+    warning = timedelta(minutes=settings.SESSION_END_WARNING_MINUTES)
+    return SessionStatus(ends_at, duration_text(left), ends_at - now <= warning, extendable)
+
+
+def launch_projects_of(user) -> list:
+    """The projects `user` may launch for (the launch form's "Pay from"), by name, each with its pool's
+    balance as `balance_hours`."""
+    projects = list(
+        Project.objects.filter(memberships__user=user)
+        .select_related("credit_account")
+        .order_by("name")
+    )
+    for project in projects:
+        account = getattr(project, "credit_account", None)
+        project.balance_hours = hours(account.balance_gpu_seconds if account else 0)
+    return projects
+
+
+def instance_stoppable_by(user, instance_id) -> Instance:
+    """An instance `user` may stop: their own, or one of a project they own. Raises Http404 for an
+    unknown id and for anyone else's instance alike."""
+    if not getattr(user, "is_authenticated", False):
+        raise Http404("No such instance.")
+    instance = (
+        Instance.objects.select_related("image", "host", "project")
+        .filter(
+            Q(user=user)
+            | Q(project__memberships__user=user, project__memberships__role="owner"),
+            id=instance_id,
+        )
+        .first()
+    )
+    if instance is None:
+        raise Http404("No such instance.")
+    return instance
+
+
 def instances_of(user, *, ended_limit: int = 20) -> list[Instance]:
     """The user's live instances (newest first), then their latest `ended_limit` stopped or failed ones."""
-    base = Instance.objects.filter(user=user).select_related("image").order_by("-created_at")
+    base = Instance.objects.filter(user=user).select_related("image", "project").order_by("-created_at")
     live = list(base.filter(state__in=Instance.LIVE_STATES))
     ended = list(base.exclude(state__in=Instance.LIVE_STATES)[:ended_limit])
     for instance in live + ended:
@@ -417,6 +512,8 @@ def stop_reason_text(instance: Instance) -> str:
     reason, note = instance.stop_reason, instance.stop_note
     if reason == StopReason.OPERATOR and note:
         return f"An operator stopped it: {note}"
+    if reason == StopReason.CREDITS_EXHAUSTED and instance.project_id:
+        return "DevCloud stopped it because its project's pool of GPU-hours ran out."
     text = STOP_REASON_TEXT.get(reason, "")
     if reason == StopReason.HOST_EVICTED and note:
         return f"{text} The operator's reason: {note}"

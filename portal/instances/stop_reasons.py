@@ -14,10 +14,13 @@ class StopReason(models.TextChoices):
     OPERATOR = "operator", "Stopped by an operator"
     IDLE = "idle", "Idle"
     MAX_LENGTH = "max_length", "Reached the longest session allowed"
+    DEADLINE = "deadline", "Reached the time limit its launch set"
     SUSPENDED = "suspended", "Account suspended"
     HOST_EVICTED = "host_evicted", "Host evicted by an operator"
     HOST_DOWN = "host_down", "Host stopped answering"
     ACCOUNT_DELETED = "account_deleted", "Account deleted"
+    PROJECT_OWNER = "project_owner", "Stopped by an owner of its project"
+    REMOVED_FROM_PROJECT = "removed_from_project", "Its owner was removed from the project"
 
 
 # Reasons that come with the operator's own words in stop_note, which the owner reads.

@@ -21,7 +21,7 @@ from django.conf import settings
 from portal.lib.tasks import MAX_RETRY_DELAY_SECONDS, redelivered, retry_delay  # noqa: F401 -- tests read them
 from provisioning.drivers.base import DriverError
 
-from . import culling, lifecycle, limits
+from . import culling, lifecycle, limits, logs
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,8 @@ def start_queued() -> int:
 
 @shared_task(name="provisioning.enforce_limits", acks_late=True, ignore_result=True)
 def enforce_limits() -> int:
-    return len(limits.enforce_max_session_length())
+    limits.warn_sessions_ending()
+    return len(limits.enforce_max_session_length()) + len(limits.enforce_deadlines())
 
 
 @shared_task(
@@ -132,3 +133,10 @@ def enforce_limits() -> int:
 )
 def cull_idle() -> dict:
     return asdict(culling.cull_idle())
+
+
+@shared_task(name="instances.log_read", ignore_result=True, soft_time_limit=30, time_limit=40)
+def instance_log_read(instance_id: str, lines: int, reply_to: str) -> dict:
+    """Reads an instance's last log lines for a page or the API, which waits on `reply_to`
+    (portal/instances/logs.py): the web process has no way to the engines' sockets."""
+    return logs.log_reply(instance_id, lines, reply_to)

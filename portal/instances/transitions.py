@@ -12,7 +12,9 @@ Each function here is a conditional UPDATE: it moves the row only if it is still
 starts from, and returns whether it moved. A duplicate or late caller (a redelivered task, the reconciler,
 a second worker) finds the row already moved on and gets False, so no move happens twice and none goes
 backwards. Every move sets state_changed_at (the reconciler's clock for stuck transitions) and adds a line
-to the instance's timeline.
+to the instance's timeline, in one transaction with the move: whoever reads the new state (the instance
+page, the API) also reads the line that says why. Inside a caller's transaction they join it (no
+savepoint).
 
 Nothing here charges credit, talks to a driver or enqueues a task: the callers do (portal.instances.services
 for the web side, portal.instances.lifecycle for the worker side, portal.credits.metering for credits
@@ -23,6 +25,7 @@ stop() or bulk_stop() in the same transaction.
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.db import transaction
 from django.utils import timezone
 
 from .models import Instance, InstanceEvent
@@ -53,6 +56,7 @@ def _move(instance_id, *, from_states, **changes) -> bool:
 # --- launch ----------------------------------------------------------------------------------------------
 
 
+@transaction.atomic(savepoint=False)
 def queue(*, message: str, **fields) -> Instance:
     """A new instance, born queued. Returns it. The caller (services.instance_launch) has checked the
     launch and holds the owner's CreditAccount lock."""
@@ -73,6 +77,7 @@ def claim(instance_id, *, now: datetime) -> bool:
     )
 
 
+@transaction.atomic(savepoint=False)
 def step(instance: Instance, step: str, message: str) -> bool:
     """Record progress within provisioning (no state change). Returns False when the instance is no longer
     provisioning (stopped or failed meanwhile)."""
@@ -101,6 +106,7 @@ def requeue(instance: Instance) -> bool:
     return True
 
 
+@transaction.atomic(savepoint=False)
 def backend_pending(instance: Instance, *, reason: str) -> bool:
     """provisioning -> provisioning: the backend holds the launch in its own queue (a pending Slurm job).
     Restarts the stuck-transition clock, and puts `reason` on the timeline when it differs from the last
@@ -120,6 +126,7 @@ def event_record_once(*, instance: Instance, message: str):
     return event_record(instance=instance, message=message)
 
 
+@transaction.atomic(savepoint=False)
 def touch_stuck(instance: Instance, message: str) -> bool:
     """provisioning -> provisioning: restart the stuck-transition clock before a resume, so the next
     reconcile does not resume it again at once. Returns whether it was still provisioning."""
@@ -129,6 +136,7 @@ def touch_stuck(instance: Instance, message: str) -> bool:
     return True
 
 
+@transaction.atomic(savepoint=False)
 def mark_running(instance: Instance, *, ready_at: datetime) -> bool:
     """provisioning -> running: JupyterLab answered. Metering starts at ready_at and only then. Returns
     whether it moved (False: it was stopped or failed while it got ready)."""
@@ -146,6 +154,7 @@ def mark_running(instance: Instance, *, ready_at: datetime) -> bool:
     return True
 
 
+@transaction.atomic(savepoint=False)
 def fail(
     instance: Instance, *, reason: str, from_states=LAUNCH_STATES, now: datetime | None = None
 ) -> bool:
@@ -172,6 +181,7 @@ def _stop_fields(reason: str, note: str) -> dict:
     return {"stop_reason": reason, "stop_note": (note or "").strip()[:STOP_NOTE_MAX]}
 
 
+@transaction.atomic(savepoint=False)
 def stop(instance: Instance, *, reason: str, note: str = "", message: str = "", now: datetime) -> str:
     """Stop one instance: queued -> stopped (it never started), provisioning or running -> stopping (its
     teardown finishes it). Returns the state it moved to, or "" when it moved nowhere (already stopping or
@@ -249,6 +259,7 @@ def bulk_stop(instances, *, reason: str, note: str = "", message: str, now: date
     return result
 
 
+@transaction.atomic(savepoint=False)
 def finish_stop(instance: Instance, *, message: str) -> bool:
     """stopping -> stopped: the teardown is done. Returns whether it moved."""
     if not _move(instance.id, from_states=[State.STOPPING], state=State.STOPPED, stopped_at=timezone.now()):

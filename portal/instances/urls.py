@@ -9,4 +9,5 @@ urlpatterns = [
     path("<uuid:instance_id>/", views.instance_detail, name="detail"),
     path("<uuid:instance_id>/status.json", views.instance_status, name="status"),
     path("<uuid:instance_id>/stop/", views.instance_stop, name="stop"),
+    path("<uuid:instance_id>/extend/", views.instance_extend, name="extend"),
 ]

@@ -7,13 +7,15 @@ Every view that takes an instance id looks it up through selectors.instance_of_o
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_POST
 
 from . import selectors, services
-from .forms import LaunchForm
+from .efficiency import instance_efficiency
+from .forms import ExtendForm, LaunchForm
+from .sizes import GB, disk_limit_bytes, workspace_limit_bytes
 
 
 def _list_page(request, form, *, status=200):
@@ -22,6 +24,7 @@ def _list_page(request, form, *, status=200):
         "form": form,
         "options": selectors.launch_options(request.user, instances=instances),
         "instances": instances,
+        "pay_from": selectors.launch_projects_of(request.user),
         "credits_notice": selectors.credits_exhausted_notice(request.user, instances=instances),
     }
     return render(request, "instances/list.html", context, status=status)
@@ -41,8 +44,13 @@ def instance_launch(request):
     if form.is_valid():
         try:
             instance = services.instance_launch(
-                user=request.user, size=form.cleaned_data["size"], image_key=form.cleaned_data["image"]
+                user=request.user,
+                size=form.cleaned_data["size"],
+                image_key=form.cleaned_data["image"],
+                project=form.cleaned_data["project"] or None,
             )
+        except Http404:
+            form.add_error("project", "You are not in that project. Choose one of yours, or pay yourself.")
         except services.LaunchUnavailable as error:
             form.add_error(None, error)
             return _list_page(request, form, status=503)
@@ -65,6 +73,14 @@ def instance_detail(request, instance_id):
             "instance": instance,
             "status": selectors.instance_status(instance),
             "simulated": selectors.runs_on_simulated_gpus(instance),
+            "efficiency": instance_efficiency(instance),
+            "workspace_gb": workspace_limit_bytes(instance.size) // GB,
+            "disk_gb": disk_limit_bytes(instance.size) // GB,
+            # What its host's engine could not limit (provisioning/drivers/docker.py, under
+            # DEVCLOUD_DISK_LIMITS=warn): the page must not promise a limit nobody enforces.
+            "unenforced": (instance.driver_state or {}).get("disk_limits_unenforced", []),
+            "session": selectors.session_status(instance),
+            "extend_form": ExtendForm(auto_id="extend-%s"),
         },
     )
 
@@ -91,3 +107,20 @@ def instance_stop(request, instance_id):
     else:
         messages.success(request, "Stopping. Billing has stopped; your /workspace files are kept.")
     return redirect("instances:detail", instance_id=instance.id)
+
+
+@login_required
+@require_POST
+def instance_extend(request, instance_id):
+    form = ExtendForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(form.errors["hours"]))
+        return redirect("instances:detail", instance_id=instance_id)
+    hours = form.cleaned_data["hours"]
+    try:
+        services.instance_extend(user=request.user, instance_id=instance_id, hours=hours)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, f"Extended by {hours} hour{'s' if hours != 1 else ''}.")
+    return redirect("instances:detail", instance_id=instance_id)

@@ -35,9 +35,12 @@ REQUIRED_CONTEXT = {
     Kind.CREDIT_LOW_10M: ("balance_hours", "runway", "burn_gpus"),
     Kind.INSTANCE_STOPPED: ("instance_id", "instance_label", "reason"),
     Kind.INSTANCE_IDLE_WARNING: ("instance_id", "instance_label", "idle_minutes", "grace_minutes"),
+    Kind.SESSION_ENDING: ("instance_id", "instance_label", "minutes_left", "ends_at"),
     Kind.LAUNCH_FAILED: ("instance_id", "instance_label", "failure_reason"),
     Kind.BONUS_DECISION: ("program", "approved"),
     Kind.ACCOUNT_SUSPENDED: ("reason",),
+    Kind.GPU_UNHEALTHY: ("instance_id", "instance_label", "gpu", "health_reason"),
+    Kind.CI_GRANT_DECISION: ("project", "project_slug", "approved"),
 }
 
 
@@ -57,6 +60,8 @@ def check_context(kind: str, context: dict) -> None:
             )
     if kind == Kind.BONUS_DECISION and not context["approved"] and not context.get("reason"):
         raise ValueError("A rejected bonus application needs the reason (reason): the applicant reads it.")
+    if kind == Kind.CI_GRANT_DECISION and not context["approved"] and not context.get("reason"):
+        raise ValueError("A rejected CI programme application needs the reason (reason): the owners read it.")
 
 
 def _absolute(path: str) -> str:
@@ -72,6 +77,9 @@ def links(notification) -> dict[str, str]:
         "notifications_url": _absolute(reverse("notifications:list")),
         "preferences_url": _absolute(reverse("notifications:preferences")),
     }
+    project_slug = notification.context.get("project_slug")
+    if project_slug:
+        found["project_url"] = _absolute(reverse("projects:detail", args=[project_slug]))
     instance_id = notification.context.get("instance_id")
     if instance_id:
         found["instance_url"] = _absolute(reverse("instances:detail", args=[instance_id]))
@@ -89,12 +97,17 @@ class Rendered:
 
 def _action(notification) -> tuple[str, str]:
     kind, context = notification.kind, notification.context
-    if kind in (Kind.INSTANCE_STOPPED, Kind.INSTANCE_IDLE_WARNING, Kind.LAUNCH_FAILED):
+    if kind in (
+        Kind.INSTANCE_STOPPED, Kind.INSTANCE_IDLE_WARNING, Kind.SESSION_ENDING, Kind.LAUNCH_FAILED,
+        Kind.GPU_UNHEALTHY,
+    ):
         return reverse("instances:detail", args=[context["instance_id"]]), "See the instance"
     if kind in OPTIONAL_KINDS:
         return reverse("instances:list"), "See your instances"
     if kind == Kind.BONUS_DECISION:
         return reverse("credits:bonus"), "See your applications"
+    if kind == Kind.CI_GRANT_DECISION:
+        return reverse("projects:detail", args=[context["project_slug"]]), "See the project"
     return reverse("credits:dashboard"), "See your balance"
 
 

@@ -16,9 +16,15 @@ class Kind(models.TextChoices):
     INSTANCE_STOPPED = "instance_stopped", "Instance stopped by DevCloud"
     # Sent by idle culling before the grace period ends (docs/architecture.md, "Idle culling and SSH").
     INSTANCE_IDLE_WARNING = "instance_idle_warning", "Idle instance about to be stopped"
+    # Sent by the limits beat before a session's longest length stops it (portal/instances/limits.py).
+    SESSION_ENDING = "session_ending", "Session about to reach its time limit"
     LAUNCH_FAILED = "launch_failed", "Launch failed"
     BONUS_DECISION = "bonus_decision", "Bonus application decided"
     ACCOUNT_SUSPENDED = "account_suspended", "Account suspended"
+    # A GPU an instance holds was drained by its health check (provisioning/gpu_health.py).
+    GPU_UNHEALTHY = "gpu_unhealthy", "A GPU of your instance is failing"
+    # Told to every owner of the project (portal/projects/ci_grants.py).
+    CI_GRANT_DECISION = "ci_grant_decision", "CI programme application decided"
 
 
 # Kinds a user may stop receiving by email. The credit warnings are advance notice only: when credit

@@ -7,6 +7,7 @@ context from the caller's objects so every caller names the same event the same 
     notify_instance_idle_warning(instance=..., idle_since=..., idle_minutes=..., grace_minutes=...)
     notify_launch_failed(instance=...)
     notify_bonus_decided(application=...)
+    notify_ci_grant_decided(application=..., user=...)
     notify_account_suspended(user=..., reason=..., suspended_at=...)
     credit_warnings_check(user=..., balance_gpu_seconds=..., burn_gpu_seconds_per_hour=...)
 
@@ -25,6 +26,7 @@ This module imports no other app's services: credits and provisioning call into 
 import logging
 from datetime import datetime
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
@@ -81,8 +83,8 @@ def notify(*, user, kind: str, event_key: str, context: dict) -> Notification | 
 
 
 def _email_wanted(user, kind: str) -> bool:
-    if getattr(user, "deleted_at", None) is not None:
-        return False
+    if getattr(user, "deleted_at", None) is not None or getattr(user, "project_bot", False):
+        return False  # nobody reads a deleted account's mail, or a project bot's (it has none)
     if kind in OPTIONAL_KINDS:
         return not EmailOptOut.objects.filter(user_id=user.pk, kind=kind).exists()
     return True
@@ -195,6 +197,42 @@ def notify_instance_idle_warning(
     )
 
 
+def notify_session_ending(*, instance, ends_at: datetime, now: datetime) -> Notification | None:
+    """Warn the owner that the session's longest length stops `instance` at `ends_at`, and how to extend it.
+
+    Once per end: the hours already added (instance.extended_seconds) name the end, so an extension that
+    moves it earns a warning of its own. Returns the Notification or None (already warned).
+    """
+    return notify(
+        user=instance.user,
+        kind=Kind.SESSION_ENDING,
+        event_key=f"instance:{instance.id}:session_end:{instance.extended_seconds}",
+        context={
+            "instance_id": str(instance.id),
+            "instance_label": instance_label(instance),
+            "minutes_left": max(1, round((ends_at - now).total_seconds() / 60)),
+            "ends_at": ends_at.strftime("%Y-%m-%d %H:%M UTC"),
+        },
+    )
+
+
+def notify_gpu_unhealthy(*, instance, gpu: str, health_reason: str, drained_at: datetime) -> Notification | None:
+    """Tell the owner that a GPU their instance holds was drained as unhealthy (`gpu` names it, e.g.
+    "renderD136"). The instance keeps running. Once per drain of that GPU. Returns the Notification or
+    None (already told)."""
+    return notify(
+        user=instance.user,
+        kind=Kind.GPU_UNHEALTHY,
+        event_key=f"instance:{instance.id}:gpu:{gpu}:{drained_at.isoformat()}",
+        context={
+            "instance_id": str(instance.id),
+            "instance_label": instance_label(instance),
+            "gpu": gpu,
+            "health_reason": health_reason,
+        },
+    )
+
+
 def notify_launch_failed(*, instance) -> Notification | None:
     """Tell the owner a launch failed, with instance.failure_reason (which says what to do). Call it after
     the instance moved to FAILED. Returns the Notification or None (already told)."""
@@ -228,6 +266,25 @@ def notify_bonus_decided(*, application) -> Notification | None:
         kind=Kind.BONUS_DECISION,
         event_key=f"bonus_application:{application.pk}:decided",
         context=context,
+    )
+
+
+def notify_ci_grant_decided(*, application, user) -> Notification | None:
+    """Tell `user`, an owner of the project, that an operator admitted it to the open-source CI programme
+    (with the monthly hours) or rejected the application (with the reason). Call it after the decision
+    is saved. Returns the Notification or None."""
+    return notify(
+        user=user,
+        kind=Kind.CI_GRANT_DECISION,
+        event_key=f"ci_grant_application:{application.pk}:decided",
+        context={
+            "project": application.project.name,
+            "project_slug": application.project.slug,
+            "approved": application.status == "approved",
+            "reason": application.decision_reason,
+            "monthly_hours": hours(application.granted_gpu_seconds),
+            "renewal_day": settings.CI_GRANT_RENEWAL_DAY,
+        },
     )
 
 

@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -32,6 +33,7 @@ INSTALLED_APPS = [
     "portal.accounts",
     "portal.credits",
     "portal.instances",
+    "portal.projects",
     "portal.console",
     "portal.notifications",
     "provisioning",
@@ -189,6 +191,26 @@ SOCIAL_AUTH_GITHUB_SCOPE = ["user:email"]
 # Where GitHub lives; tests point these at a local stand-in.
 GITHUB_OAUTH_URL = env("GITHUB_OAUTH_URL", default="https://github.com").rstrip("/")
 GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com").rstrip("/")
+
+# --- Keyless CI sign-in (portal/lib/oidc.py) -----------------------------------------------------
+# OpenID Connect issuers are fetched only over https; this also admits http issuers on a loopback
+# address (127.0.0.1, ::1, localhost), for the tests' local issuer. Never on in production.
+OIDC_ALLOW_INSECURE_LOOPBACK_ISSUERS = env.bool("OIDC_ALLOW_INSECURE_LOOPBACK_ISSUERS", default=False)
+# Keyless CI sign-in (portal/api/robots.py): the CI providers whose OpenID Connect tokens projects may
+# trust, as name=issuer URL pairs separated by commas. Only these URLs are ever fetched; a project's
+# owners pick a name, never type a URL.
+OIDC_PROVIDERS = dict(
+    pair.split("=", 1)
+    for pair in env(
+        "OIDC_PROVIDERS", default="github=https://token.actions.githubusercontent.com"
+    ).split(",")
+    if "=" in pair
+)
+# The audience a CI token must be issued for; `devcloud` asks the CI provider for it (GET /api/v1/oidc).
+OIDC_AUDIENCE = env("OIDC_AUDIENCE", default=SITE_URL)
+# How long the DevCloud token a CI sign-in gives lives: long enough for a job to stop what it launched
+# (GitHub Actions ends a job after 6 hours).
+OIDC_TOKEN_MINUTES = env.int("OIDC_TOKEN_MINUTES", default=360)
 SOCIAL_AUTH_URL_NAMESPACE = "social"
 SOCIAL_AUTH_JSONFIELD_ENABLED = True
 SOCIAL_AUTH_LOGIN_REDIRECT_URL = "/"
@@ -247,6 +269,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_retries": 1,
 # --- Credits (see docs/architecture.md, "Credits") -------------------------------------------
 # Cap on bonus GPU-hours one person can collect across every bonus program.
 BONUS_CAP_GPU_HOURS = env.int("BONUS_CAP_GPU_HOURS", default=50)
+# The open-source CI programme (docs/architecture.md, "The open-source CI programme"): the monthly
+# GPU-hours an operator's approval offers unless they type another amount, and the day of the month
+# (UTC, 1-28 so every month has it) on which every grant renews and the previous period's leftover expires.
+CI_GRANT_DEFAULT_HOURS = env.int("CI_GRANT_DEFAULT_HOURS", default=100)
+CI_GRANT_RENEWAL_DAY = env.int("CI_GRANT_RENEWAL_DAY", default=1)
+if not 1 <= CI_GRANT_RENEWAL_DAY <= 28:
+    raise ImproperlyConfigured("CI_GRANT_RENEWAL_DAY must be a day every month has: 1 to 28.")
 # Bonus applications one person may file in 24 hours (all programs), and one program takes per hour
 # from everyone: each application is one guess at a certificate ID, so guessing stays slow however
 # many accounts someone opens. Counted from the applications, rejected ones included.
@@ -266,9 +295,15 @@ DEVCLOUD_DRIVER = env("DEVCLOUD_DRIVER", default="docker")
 # image pulls it from there (a newly added host gets them all that way). Empty: images are built or loaded
 # on each engine under their bare names, as `make run` does. See docs/architecture.md, "Images on hosts".
 IMAGE_REGISTRY = env("IMAGE_REGISTRY", default="")
-# Labels every container with this id, so portals sharing a Docker engine never touch each other's.
-DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="devcloud")
-# The Fernet key that seals secrets kept in the database (a Slurm cluster's JWT; portal/lib/sealed.py).
+# The image of the short-lived helper container that reads a host's GPUs and device gids through its engine
+# (provisioning/hostfs.py); empty: the catalogue's cpu image (under IMAGE_REGISTRY when that is set).
+DEVCLOUD_HOST_HELPER_IMAGE = env("DEVCLOUD_HOST_HELPER_IMAGE", default="")
+# Labels every container and volume with this id, so portals sharing a Docker engine never touch each
+# other's. Empty: the install's own random id, made on first migrate and kept in the database
+# (provisioning/identity.py); set it only to choose the id yourself.
+DEVCLOUD_PORTAL_ID = env("DEVCLOUD_PORTAL_ID", default="")
+# The Fernet keys, comma-separated, that seal secrets kept in the database (hosts' TLS client keys, a
+# Slurm cluster's JWT; portal/lib/sealed.py): the first seals, all open (`manage.py rotate_sealing_key`).
 # Empty: a key derived from SECRET_KEY, so changing SECRET_KEY then makes sealed values unreadable.
 DEVCLOUD_SEALING_KEY = env("DEVCLOUD_SEALING_KEY", default="")
 # How often an instance's Slurm job reports from its node that it still runs (with its GPUs' use): an
@@ -278,6 +313,27 @@ SLURM_JOB_HEARTBEAT_SECONDS = env.int("SLURM_JOB_HEARTBEAT_SECONDS", default=30)
 DEVCLOUD_DOCKER_TIMEOUT = env.int("DEVCLOUD_DOCKER_TIMEOUT", default=30)
 # Process limit of a container, per GPU it holds.
 DEVCLOUD_PIDS_PER_GPU = env.int("DEVCLOUD_PIDS_PER_GPU", default=4096)
+# What discovery holds back of each host for itself (its engine, the kernel, page cache) before giving each
+# GPU an even share of the rest (provisioning/shares.py): CPUs, and a percentage of memory with a floor in
+# MiB. Never more than half the host. An operator's per-host override wins.
+DEVCLOUD_HOST_RESERVED_CPUS = env.int("DEVCLOUD_HOST_RESERVED_CPUS", default=4)
+DEVCLOUD_HOST_RESERVED_MEMORY_PERCENT = env.int("DEVCLOUD_HOST_RESERVED_MEMORY_PERCENT", default=5)
+DEVCLOUD_HOST_RESERVED_MEMORY_MIN_MB = env.int("DEVCLOUD_HOST_RESERVED_MEMORY_MIN_MB", default=8192)
+# --- Disk limits (docs/architecture.md, "Disk limits") -------------------------------------------
+# Per size ("1x=100,8x=500"): GB a person's /workspace volume may hold, set when the volume is made (a
+# full one gives ENOSPC inside), and GB an instance may write outside /workspace (its container's
+# writable layer). 0 or a size left out: no limit. The host's engine enforces them (an XFS data root
+# mounted with pquota); DEVCLOUD_DISK_LIMITS says what happens on an engine that cannot.
+def _gb_per_size(text: str) -> dict[str, int]:
+    return {key.strip(): int(value) for key, _, value in (item.partition("=") for item in text.split(",") if item)}
+
+
+DEVCLOUD_WORKSPACE_GB = _gb_per_size(env("DEVCLOUD_WORKSPACE_GB", default="1x=100,8x=500"))
+DEVCLOUD_CONTAINER_DISK_GB = _gb_per_size(env("DEVCLOUD_CONTAINER_DISK_GB", default="1x=50,8x=200"))
+# "enforce": a launch on a host whose engine cannot enforce the limits fails, saying why (one user could
+# fill that host's disk). "warn": it starts without them, and the instance's page and the worker's log say so
+# (`make run` on an ext4 machine).
+DEVCLOUD_DISK_LIMITS = env("DEVCLOUD_DISK_LIMITS", default="enforce")
 # Where the local driver keeps workspaces and run directories.
 DEVCLOUD_LOCAL_ROOT = env("DEVCLOUD_LOCAL_ROOT", default=str(BASE_DIR / "var"))
 # Lab origin for subdomain mode, e.g. "https://{instance_id}.lab.example.com"; empty = path mode
@@ -290,6 +346,11 @@ GATEWAY_LAB_COOKIE_NAME = "devcloud_lab"
 # A launch needs at least this many minutes of credit at its size, after what the user's other live
 # instances will burn in the same window.
 LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
+# The limits beat warns an instance's owner this many minutes before its session's longest length stops
+# it (again after each extension); 0 turns the warning off.
+SESSION_END_WARNING_MINUTES = env.int("SESSION_END_WARNING_MINUTES", default=30)
+# The most extra hours an owner may add to one session (services.instance_extend); 0: no extending.
+SESSION_MAX_EXTENSION_HOURS = env.int("SESSION_MAX_EXTENSION_HOURS", default=8)
 # Threads each web process (portal/asgi.py) runs Django's views on. A view holds one while it runs, and
 # each may hold a database connection; the JupyterLab gateway does not use them.
 WEB_THREADS = env.int("WEB_THREADS", default=4)
@@ -457,6 +518,13 @@ CELERY_BEAT_SCHEDULE["cull-idle"] = {
 }
 # How often beat stops instances that ran past their size's maximum session length (launch policy).
 LIMITS_SECONDS = env.int("LIMITS_SECONDS", default=60)
+# Renews the CI programme's grants (portal/projects/ci_grants.py). Hourly, so a renewal day missed while the
+# workers were down is caught up within the hour; a run that finds nothing due changes nothing.
+CELERY_BEAT_SCHEDULE["ci-grants-renew"] = {
+    "task": "projects.renew_ci_grants",
+    "schedule": 3600.0,
+    "options": {"expires": 3600},
+}
 CELERY_BEAT_SCHEDULE["enforce-limits"] = {
     "task": "provisioning.enforce_limits",
     "schedule": float(LIMITS_SECONDS),

@@ -10,3 +10,6 @@ DEBUG = env.bool("DEBUG", default=True)
 # the API docs' assets) took most of `make run`'s start on a small machine, every time. Production
 # (base settings) serves them compressed.
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+# `make run` uses this machine's engine, whose data root is rarely on XFS with pquota: instances start
+# without disk limits, and the instance's page says so (base.py, DEVCLOUD_DISK_LIMITS).
+DEVCLOUD_DISK_LIMITS = env("DEVCLOUD_DISK_LIMITS", default="warn")

@@ -18,3 +18,8 @@ LAUNCH_CATALOGUE_CACHE_SECONDS = env.int("LAUNCH_CATALOGUE_CACHE_SECONDS", defau
 # Argon2 as in production (same algorithm name), at a cost that keeps the suite fast.
 PASSWORD_HASHERS = ["tests.support.hashers.CheapArgon2PasswordHasher"]
 SECRET_KEY = env("SECRET_KEY", default="test-secret-key-not-for-production-0123456789abcdefghijklmnop")
+# The suite's engines (this machine's, on ext4) cannot enforce disk limits; the tests of the limits
+# (tests/fleet/test_disk_limits.py) switch to "enforce".
+DEVCLOUD_DISK_LIMITS = env("DEVCLOUD_DISK_LIMITS", default="warn")
+# The tests' OpenID Connect issuer (tests/support/oidc_issuer.py) serves plain HTTP on 127.0.0.1.
+OIDC_ALLOW_INSECURE_LOOPBACK_ISSUERS = env.bool("OIDC_ALLOW_INSECURE_LOOPBACK_ISSUERS", default=True)

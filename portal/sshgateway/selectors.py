@@ -35,13 +35,15 @@ def last_session_activity(instance_ids) -> dict:
 def connection_help(user) -> dict:
     """What the settings page shows about SSH: the command, an example instance and the config block.
 
-    Returns {"command", "example", "config", "available"}; `available` is False when instances run with
-    the local driver, which has no SSH.
+    Returns {"command", "example", "config", "available", "host_key"}; `available` is False when
+    instances run with the local driver, which has no SSH; `host_key` is the gateway's
+    host_key.PublishedKey (its known_hosts line and fingerprint, or a note when it has none yet).
     """
     from django.conf import settings
 
     from portal.instances.models import Instance
 
+    from . import host_key
     from .access import HOSTNAME_PREFIX, gateway_command
 
     running = Instance.objects.filter(user=user, state=Instance.State.RUNNING).order_by("-created_at").first()
@@ -60,4 +62,7 @@ def connection_help(user) -> dict:
         "example": f"{HOSTNAME_PREFIX}{running.short_id if running else '1a2b3c4d'}",
         "config": config,
         "available": getattr(settings, "DEVCLOUD_DRIVER", "docker") != "local",
+        "host_key": host_key.published_key(
+            private_path=settings.SSH_GATEWAY_HOST_KEY, host=settings.SSH_GATEWAY_HOST, port=settings.SSH_GATEWAY_PORT
+        ),
     }

@@ -29,7 +29,7 @@ from asyncssh.forward import SSHForwarder
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import access, services, selectors
+from . import access, host_key, selectors, services
 
 logger = logging.getLogger("portal.sshgateway")
 
@@ -58,8 +58,18 @@ def _db(function, /, **kwargs):
 
 def load_host_key(path: str) -> asyncssh.SSHKey:
     """The gateway's host key at `path`, made (Ed25519, mode 0600) the first time, so clients see the same
-    key across restarts. Returns the key."""
-    key_path = Path(path)
+    key across restarts, with its public half written beside it (`<path>.pub`) for the portal to publish.
+    Returns the key."""
+    key = _read_or_make_host_key(Path(path))
+    try:
+        host_key.write_public(key, path)
+    except OSError:
+        # The gateway still serves; the portal derives the public key from the private one if it can.
+        logger.warning("Could not write %s", host_key.public_path(path), exc_info=True)
+    return key
+
+
+def _read_or_make_host_key(key_path: Path) -> asyncssh.SSHKey:
     if key_path.exists():
         return asyncssh.read_private_key(str(key_path))
     key_path.parent.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,15 @@ class StartSpec:
     workspace: str
     # The longest the instance may run; the backend enforces it too where it can (a Slurm time limit).
     time_limit_seconds: int
+    # Whose workspace may be mounted: the owner's never-reused key (accounts.User.workspace_key, hex) and
+    # this install's id (provisioning/identity.py). A volume labelled otherwise is refused. Empty: looked up.
+    owner_key: str = ""
+    install_id: str = ""
+    # Disk limits, in bytes (0: none): what a workspace volume made for this start may hold, and what the
+    # instance may write outside /workspace. A backend that cannot enforce them says so
+    # (settings.DEVCLOUD_DISK_LIMITS decides whether it refuses or starts without them).
+    workspace_limit_bytes: int = 0
+    disk_limit_bytes: int = 0
 
     @property
     def short_id(self) -> str:

@@ -5,7 +5,9 @@ Per instance the driver makes, all named and labelled after the instance so a re
   network    devcloud-net-<instance uuid>  a bridge of its own, so tenants cannot reach each other
 and mounts the owner's workspace volume (StartSpec.workspace) at /workspace, kept when the instance
 stops. The lifecycle brings that volume here before start (provisioning/workspaces.py); the driver only
-mounts it, creating it empty when the person never had one.
+mounts it, creating it empty when the person never had one. The volume is made with the size's workspace
+limit and the container with its writable-layer limit (StartSpec.workspace_limit_bytes, disk_limit_bytes),
+which the engine enforces; docs/architecture.md, "Disk limits", says what happens where it cannot.
 
 Everything the reconciler needs is in the labels: devcloud.managed, devcloud.portal (portals sharing an
 engine never touch each other's), devcloud.instance, devcloud.user, devcloud.gpus.
@@ -26,15 +28,26 @@ from docker.types import Mount
 
 from ..start_slots import Cancelled, Line, slots_for
 from .base import Driver, DriverError, InstanceRef, PollResult, StartResult, StartSpec, hide_token
-from .docker_engine import DockerEngine, engine_cpu_count, on_a_registry, portal_id, volume_labels
+from .docker_engine import (
+    DockerEngine,
+    cannot_limit,
+    engine_cpu_count,
+    on_a_registry,
+    portal_id,
+    unlimited_disk,
+    volume_create,
+    volume_labels,
+    volume_refusal,
+)
 
 logger = logging.getLogger(__name__)
 
 JUPYTER_PORT = 8888
 # sshd inside (containers/entrypoint/start-jupyter.sh runs it as uid 1000); published like JupyterLab's port.
 SSH_PORT = 2222
-# Where the owner's public keys go: sshd's AuthorizedKeysFile (.ssh/authorized_keys) of the instance user.
-SSH_DIR = "/home/developer/.ssh"
+# Where the owner's public keys go: sshd's AuthorizedKeysFile (containers/entrypoint/devcloud-ssh/
+# sshd_config), in a root-owned directory of the image, so the tenant (uid 1000) cannot add a key of their own.
+AUTHORIZED_KEYS_DIR = "/etc/devcloud/ssh/keys"
 CONTAINER_USER = "1000:1000"
 WORKSPACE = "/workspace"
 # Seconds `docker stop` waits for JupyterLab to exit on SIGTERM before SIGKILL; it needs about one.
@@ -99,9 +112,10 @@ class DockerDriver(Driver):
                 container.remove(force=True)
                 container = None
             network = self._ensure_network(client, spec)
-            volume = self._ensure_volume(client, spec)
+            unlimited = []
+            volume = self._ensure_volume(client, spec, unlimited)
             if container is None:
-                container = self._create_container(client, spec, gpus, network.name, volume.name)
+                container = self._create_container(client, spec, gpus, network.name, volume.name, unlimited)
                 # Before the first start, so sshd trusts the owner's keys from its first connection.
                 self._put_authorized_keys(container, spec.authorized_keys)
             if container.status != "running":
@@ -136,6 +150,9 @@ class DockerDriver(Driver):
                 "ssh_port": ssh_port,
                 "image": spec.image_reference,
                 "gpus": [gpu.render_minor for gpu in gpus],
+                # What the engine could not limit ("workspace", "disk"), started so under
+                # DEVCLOUD_DISK_LIMITS=warn; the instance's page says so.
+                **({"disk_limits_unenforced": unlimited} if unlimited else {}),
             },
         )
 
@@ -193,9 +210,9 @@ class DockerDriver(Driver):
         """Removes the owner's workspace volume on this host. Missing is fine; a volume another container
         still mounts is left for provisioning.workspaces' removal rows to retry. Raises
         DriverError(permanent=False) when the engine cannot be reached."""
-        from .docker_engine import volume_name
+        from ..workspaces import workspace_name
 
-        if not self.engine.remove_volume(volume_name(owner_id)):
+        if not self.engine.remove_volume(workspace_name(owner_id)):
             logger.info("Workspace of user %s on %s is still in use", owner_id, self.host.name)
 
     def logs(self, ref: InstanceRef, tail: int = 100) -> str:
@@ -314,13 +331,29 @@ class DockerDriver(Driver):
             except docker.errors.NotFound:
                 pass
 
-    def _ensure_volume(self, client, spec: StartSpec):
+    def _ensure_volume(self, client, spec: StartSpec, unlimited: list):
+        """The owner's workspace volume, made when missing with its size limit. One that exists is mounted
+        only when its labels name this install and this owner; otherwise the launch is refused and the volume
+        left untouched."""
+        from ..workspaces import owner_key, workspace_refused
+
         name = spec.workspace
+        key = spec.owner_key or owner_key(spec.owner_id)
         try:
-            return client.volumes.get(name)
+            volume = client.volumes.get(name)
         except docker.errors.NotFound:
-            # Creating an existing volume returns it, so a concurrent create is harmless.
-            return client.volumes.create(name, labels=volume_labels(spec.owner_id))
+            # Creating an existing volume returns it, so a concurrent create is harmless (and checked below).
+            # Its size limit is set now, once: an existing volume keeps the one it was made with.
+            volume = volume_create(
+                client, name, labels=volume_labels(spec.owner_id, key), limit_bytes=spec.workspace_limit_bytes,
+                host_name=self.host.name, unlimited=lambda: unlimited.append("workspace"),
+            )  # fmt: skip
+        why = volume_refusal(
+            volume.attrs.get("Labels"), install=spec.install_id or portal_id(), owner_id=spec.owner_id, owner_key=key
+        )
+        if why:
+            raise workspace_refused(host_name=self.host.name, volume=name, owner_id=spec.owner_id, why=why)
+        return volume
 
     def _device_paths(self, gpus) -> list[tuple[str, str]]:
         """(host path, container path) of /dev/kfd and each GPU's render node; empty without GPUs."""
@@ -366,7 +399,7 @@ class DockerDriver(Driver):
                 ) from None
         return [str(gid) for gid in sorted(gids - {0})]
 
-    def _create_container(self, client, spec: StartSpec, gpus, network, volume):
+    def _create_container(self, client, spec: StartSpec, gpus, network, volume, unlimited=None, limited=True):
         device_paths = self._device_paths(gpus)
         group_add = self._device_groups(device_paths, gpus)
         # A container cannot be given more CPUs than the engine has; a host configured with a generous
@@ -406,6 +439,9 @@ class DockerDriver(Driver):
                 mounts=[Mount(target=WORKSPACE, source=volume, type="volume")],
                 log_config={"type": "json-file", "config": {"max-size": "10m", "max-file": "2"}},
                 restart_policy={"Name": "no"},
+                # What it may write outside /workspace: the engine's quota on its writable layer (ENOSPC
+                # or EDQUOT past it), so no instance fills the host's disk.
+                **self._disk_limit(spec, limited),
                 detach=True,
             )
         except docker.errors.ImageNotFound as error:
@@ -417,7 +453,7 @@ class DockerDriver(Driver):
                 except DriverError:
                     pass
                 else:
-                    return self._create_container(client, spec, gpus, network, volume)
+                    return self._create_container(client, spec, gpus, network, volume, unlimited, limited)
             raise DriverError(
                 f"The image {spec.image_reference} ({spec.image_name}) is not on host "
                 f"{self.host.name}. An operator can build or pre-pull it from the admin console "
@@ -425,10 +461,21 @@ class DockerDriver(Driver):
                 permanent=True,
             ) from error
         except docker.errors.APIError as error:
+            if limited and spec.disk_limit_bytes and cannot_limit(error):
+                unlimited_disk(self.host.name, "the instance's disk outside /workspace", error)
+                if unlimited is not None:
+                    unlimited.append("disk")
+                return self._create_container(client, spec, gpus, network, volume, unlimited, limited=False)
             if error.status_code != 409:
                 raise
         # A concurrent attempt created it first.
         return self._made_by_other_attempt(client.containers.get, container_name(spec.instance_id))
+
+    @staticmethod
+    def _disk_limit(spec: StartSpec, limited: bool) -> dict:
+        if not (limited and spec.disk_limit_bytes):
+            return {}
+        return {"storage_opt": {"size": str(spec.disk_limit_bytes)}}
 
     def _made_by_other_attempt(self, get, name: str):
         """Returns what a concurrent start of the same instance is making, once the engine shows it.
@@ -456,10 +503,12 @@ class DockerDriver(Driver):
         return int(bindings[0]["HostPort"]) if bindings else None
 
     def authorized_keys_set(self, ref: InstanceRef, text: str) -> bool:
-        """Makes `text` the instance's ~/.ssh/authorized_keys (uid 1000, mode 0600), the keys its sshd trusts.
+        """Makes `text` the instance's /etc/devcloud/ssh/keys/authorized_keys (root, mode 0644), the keys its
+        sshd trusts.
 
         Returns False when the instance has no container (never started, or removed) or its image has no
-        ~/.ssh (made before SSH). Raises DriverError(permanent=False) when the engine cannot be reached.
+        /etc/devcloud/ssh/keys (made before it). Raises DriverError(permanent=False) when the engine cannot
+        be reached.
         """
         try:
             container = self._find_container(self.client(), container_name(ref.id))
@@ -471,11 +520,12 @@ class DockerDriver(Driver):
 
     @staticmethod
     def _put_authorized_keys(container, text: str) -> bool:
-        """Writes the file; False when the image has no ~/.ssh (an image from before SSH: no sshd either)."""
-        # The engine writes the file into the container's filesystem itself (running or not), as the tar
-        # says: owner 1000, mode 0600. Nothing runs inside, so a tenant's process cannot interfere.
+        """Writes the file; False when the image has no /etc/devcloud/ssh/keys (an image from before it)."""
+        # The engine writes the file into the container's filesystem itself (running or not), as root and
+        # as the tar says: owner root, mode 0644. Nothing runs inside, so a tenant's process cannot
+        # interfere, and the tenant cannot write there afterwards.
         try:
-            return bool(container.put_archive(SSH_DIR, authorized_keys_archive(text)))
+            return bool(container.put_archive(AUTHORIZED_KEYS_DIR, authorized_keys_archive(text)))
         except docker.errors.NotFound:
             return False
 
@@ -510,14 +560,15 @@ class DockerDriver(Driver):
 
 
 def authorized_keys_archive(text: str) -> bytes:
-    """A tar holding `text` as authorized_keys, owned by the instance user and mode 0600 (sshd's
-    StrictModes refuses a file others could write), for the engine's archive API."""
+    """A tar holding `text` as authorized_keys, owned by root and mode 0644 (readable by sshd running as
+    uid 1000, writable by nobody else; StrictModes accepts a root-owned file), for the engine's archive
+    API."""
     data = text.encode()
     member = tarfile.TarInfo("authorized_keys")
     member.size = len(data)
-    member.mode = 0o600
-    member.uid = member.gid = 1000
-    member.uname = member.gname = "developer"
+    member.mode = 0o644
+    member.uid = member.gid = 0
+    member.uname = member.gname = "root"
     member.mtime = int(time.time())
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 import weakref
 
 import docker
@@ -22,7 +23,7 @@ from django.conf import settings
 
 from portal.instances.catalog import CatalogError, load_catalog
 
-from ..engine import EngineSettingsError, build_client, has_tls
+from ..engine import EngineSettingsError, build_client, has_tls, host_tls
 from .base import DriverError
 
 logger = logging.getLogger(__name__)
@@ -43,19 +44,149 @@ def api_timeout() -> int:
 
 
 def portal_id() -> str:
-    return settings.DEVCLOUD_PORTAL_ID
+    """This install's id (provisioning/identity.py): the devcloud.portal label on everything it makes."""
+    from ..identity import install_id
+
+    return install_id()
 
 
-def volume_name(user_id) -> str:
-    # Prefixed with the portal id ("devcloud" by default, giving devcloud-ws-<user id>): two portals on
-    # one engine have users with the same ids, and must never share a workspace.
-    return f"{portal_id()}-ws-{user_id}"
+def volume_name(owner_key: str) -> str:
+    # The install id and the person's never-reused key (accounts.User.workspace_key): a new account that
+    # gets an old numeric id, or the same id on another install sharing the engine, never gets these files.
+    return f"{portal_id()}-ws-{owner_key}"
 
 
-def volume_labels(user_id) -> dict[str, str]:
-    # devcloud.user lets account deletion find the person's volumes on every host.
-    return {"devcloud.managed": "true", "devcloud.portal": portal_id(), "devcloud.user": str(user_id)}
+def volume_labels(user_id, owner_key: str) -> dict[str, str]:
+    # devcloud.owner is what the mount check (volume_refusal) compares; devcloud.user is kept for people.
+    return {
+        "devcloud.managed": "true",
+        "devcloud.portal": portal_id(),
+        "devcloud.owner": owner_key,
+        "devcloud.user": str(user_id),
+    }
 
+
+def volume_refusal(labels, *, install: str, owner_id, owner_key: str) -> str:
+    """Why a volume must not be mounted as this person's workspace, in words; "" when it is theirs.
+
+    A volume made before owner keys (no devcloud.owner label) is theirs when this install made it for
+    their numeric id: only a Workspace row names such a volume (provisioning/workspaces.workspace_name).
+    """
+    labels = labels or {}
+    portal = labels.get("devcloud.portal", "")
+    if portal != install:
+        return f"it was made by another DevCloud install ({portal or 'no install label'}, this is {install})"
+    owner = labels.get("devcloud.owner", "")
+    if owner and owner != owner_key:
+        return f"it belongs to another person (owner key {owner})"
+    if not owner and labels.get("devcloud.user", "") != str(owner_id):
+        return f"it belongs to another person (user {labels.get('devcloud.user') or 'unknown'})"
+    return ""
+
+
+# --- Disk limits (docs/architecture.md, "Disk limits") ---------------------------------------------
+
+
+def limits_policy() -> str:
+    """settings.DEVCLOUD_DISK_LIMITS: "enforce" (refuse what the engine cannot limit) or "warn"."""
+    return getattr(settings, "DEVCLOUD_DISK_LIMITS", "enforce")
+
+
+def cannot_limit(error) -> bool:
+    """True when the engine refused a size limit because its storage cannot enforce one.
+
+    The engine's words: a local volume's `size` needs project quotas under its data root ("quota size
+    requested but no quota support"); `--storage-opt size` needs overlay2 on XFS with pquota (or btrfs).
+    """
+    if not isinstance(error, docker.errors.APIError):
+        return False
+    text = str(error.explanation or error).lower()
+    return "quota" in text or "storage-opt" in text or "storage option" in text
+
+
+def unlimited_disk(host_name: str, what: str, error) -> None:
+    """Called when host `host_name`'s engine cannot enforce the limit on `what`. Under "enforce" raises
+    DriverError(permanent=True) saying what the operator can do; under "warn" logs it for the operator and
+    returns, so the caller goes on without the limit (and records that it did)."""
+    reason = _reason(error)
+    if limits_policy() != "warn":
+        raise DriverError(
+            f"Host {host_name}'s Docker engine cannot limit the size of {what} ({reason}), so an instance "
+            "there could fill the host's disk. An operator should give that engine a data root on XFS "
+            "mounted with pquota (docs/architecture.md, \"Disk limits\") or drain the host; "
+            "DEVCLOUD_DISK_LIMITS=warn starts instances there without the limit.",
+            permanent=True,
+        ) from error
+    logger.warning(
+        "Host %s's engine cannot limit the size of %s (%s): started without the limit, so one instance "
+        "can fill its disk (DEVCLOUD_DISK_LIMITS=warn)",
+        host_name, what, reason,
+    )  # fmt: skip
+
+
+def volume_create(client, name: str, *, labels: dict, limit_bytes: int, host_name: str, unlimited=None):
+    """Makes the workspace volume `name`, holding at most `limit_bytes` (0: no limit), and returns it.
+
+    The local driver's `size` option sets a project quota on the volume's directory: writes past it fail
+    with ENOSPC inside the container. When the engine cannot enforce it: raises DriverError(permanent=True)
+    under the policy "enforce" (unlimited_disk); under "warn" makes it without the limit and calls
+    `unlimited()`. Docker errors otherwise.
+    """
+    if limit_bytes:
+        try:
+            return client.volumes.create(
+                name, driver="local", driver_opts={"size": str(limit_bytes)}, labels=labels
+            )
+        except docker.errors.APIError as error:
+            if not cannot_limit(error):
+                raise
+            unlimited_disk(host_name, "a /workspace", error)
+            if unlimited is not None:
+                unlimited()
+    return client.volumes.create(name, labels=labels)
+
+
+# Drivers whose `--storage-opt size` the engine enforces by itself (btrfs through qgroups, zfs by dataset
+# quota); overlay2 enforces it only on XFS with project quotas, which the volume trial below shows.
+LAYER_LIMITING_DRIVERS = ("btrfs", "zfs")
+
+
+def disk_limit_support(client) -> dict:
+    """What the engine can limit, asked up front rather than at a first launch. Returns a dict with
+    "workspace" (bool: a local volume takes a `size`), "writable_layer" (bool: `--storage-opt size`
+    works), "storage" ("overlay2 on extfs") and "reason" (the engine's words when it refused a size).
+
+    The workspace answer is a real trial: a tiny size-limited volume is made and removed at once. The
+    writable layer's is read from /info: btrfs and zfs can; overlay2 can when its backing filesystem is
+    XFS and the trial volume got a project quota (the same data root). Raises Docker errors other than
+    the engine's refusal of the size.
+    """
+    info = client.info()
+    driver = info.get("Driver") or "?"
+    backing = dict(pair for pair in info.get("DriverStatus") or [] if len(pair) == 2).get("Backing Filesystem", "")
+    name = f"devcloud-size-probe-{uuid.uuid4().hex[:12]}"
+    reason = ""
+    try:
+        volume = client.volumes.create(
+            name, driver="local", driver_opts={"size": str(16 * 1024**2)}, labels={"devcloud.probe": "true"}
+        )
+    except docker.errors.APIError as error:
+        if not cannot_limit(error):
+            raise
+        # "create devcloud-size-probe-...: quota size requested but no quota support": the probe's name says nothing.
+        workspace, reason = False, _reason(error).removeprefix(f"create {name}: ")
+    else:
+        workspace = True
+        volume.remove(force=True)
+    writable_layer = driver in LAYER_LIMITING_DRIVERS or (driver == "overlay2" and backing == "xfs" and workspace)
+    if not writable_layer and not reason:
+        reason = f"{driver} on {backing or 'an unknown filesystem'} takes no --storage-opt size"
+    return {
+        "workspace": workspace,
+        "writable_layer": writable_layer,
+        "storage": f"{driver} on {backing}" if backing else driver,
+        "reason": reason,
+    }
 
 
 def engine_cpu_count(client) -> int:
@@ -106,9 +237,10 @@ class DockerEngine:
         timeout = timeout or api_timeout()
         if timeout not in self._clients:
             host = self.host
-            tls = dict(
-                tls_ca_cert=host.tls_ca_cert, tls_client_cert=host.tls_client_cert, tls_client_key=host.tls_client_key
-            )
+            try:
+                tls = host_tls(host)
+            except EngineSettingsError as error:
+                raise DriverError(str(error), permanent=True) from error
             if self._tls_dir is None and has_tls(**tls):
                 # The SDK wants files. Private ones, removed with the driver.
                 self._tls_dir = tempfile.mkdtemp(prefix="devcloud-tls-")

@@ -19,14 +19,24 @@ import re
 import shutil
 import time
 
+import redis
 from django.conf import settings
 from django.utils import timezone
 
 from ..models import SlurmJob
 from ..slurm import job as slurm_job
-from ..slurm.callback import callback_token
+from ..slurm.callback import callback_token, report_signal_key
 from ..slurm.rest import SlurmBadToken, SlurmError, SlurmRest, SlurmUnreachable
-from .base import Driver, DriverError, InstanceRef, NotPlacedYet, PollResult, StartResult, StartSpec, hide_token
+from .base import (
+    Driver,
+    DriverError,
+    InstanceRef,
+    NotPlacedYet,
+    PollResult,
+    StartResult,
+    StartSpec,
+    hide_token,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +50,16 @@ REPORT_TIMEOUT_SECONDS = 120
 # How long stop waits for Slurm to say the cancelled job ended.
 STOP_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.25
-# While a start waits for the job's report it reads the job's row this often (the report lands there),
-# and asks slurmrestd only every JOB_POLL_SECONDS (for a pending reason, or the job's end): a burst of
-# launches asking four times a second each was CPU their own jobs' start-up needed, on slurmctld too.
+# While a start waits for the job's report it sleeps on the report's Redis signal, and asks slurmrestd
+# only every JOB_POLL_SECONDS (for a pending reason, or the job's end): a burst of launches asking four
+# times a second each, or reading the job's row twenty times a second, was CPU their own jobs' start-up
+# needed, on slurmctld too. Without Redis it reads the row this often instead.
 REPORT_POLL_SECONDS = 0.05
 JOB_POLL_SECONDS = 1.0
+# Nodes' addresses, as slurmrestd listed them, per (slurmrestd URL, node name): a launch in a burst would
+# otherwise list every node of the cluster once more just before its readiness wait.
+NODE_ADDRESS_SECONDS = 60.0
+_NODE_ADDRESSES: dict[tuple[str, str], tuple[str, float]] = {}
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"})
 # How a job's end maps to the instance's stop reason, where Slurm ended it for a reason DevCloud knows:
 # its node failed, or it reached its time limit (the instance's longest session).
@@ -66,7 +81,9 @@ def job_name(instance_id) -> str:
 
 
 def job_prefix() -> str:
-    return f"devcloud-{settings.DEVCLOUD_PORTAL_ID}-"
+    from ..identity import install_id
+
+    return f"devcloud-{install_id()}-"
 
 
 def pending_text(reason: str) -> str:
@@ -201,7 +218,13 @@ class SlurmDriver(Driver):
             seen = {"slurm_state": job.state, "slurm_reason": job.reason or ""}
             if (record.slurm_state, record.slurm_reason) != tuple(seen.values()):
                 SlurmJob.objects.filter(pk=record.pk).update(**seen)
-            if job.state == "RUNNING" and record.reported_at is not None:
+            if record.reported_at is not None:
+                # The report is the job's own word from its node that JupyterLab listens there; Slurm is
+                # asked again only when the last answer predates the job's start (for its GPUs).
+                if job.state != "RUNNING":
+                    job = rest.job(job.job_id)
+                    if job is None or job.ended:
+                        continue
                 address = record.address or self._node_address(rest, record.node)
                 if not record.address:
                     SlurmJob.objects.filter(pk=record.pk).update(address=address)
@@ -235,25 +258,42 @@ class SlurmDriver(Driver):
                 said = waiting
             if time.monotonic() > deadline:
                 raise NotPlacedYet(waiting)
-            if record.reported_at is None:
-                self._until_reported(spec.instance_id, min(JOB_POLL_SECONDS, deadline - time.monotonic()))
-            else:
-                time.sleep(POLL_SECONDS)  # reported, and Slurm does not say RUNNING yet
+            if self._until_reported(spec.instance_id, min(JOB_POLL_SECONDS, deadline - time.monotonic())):
+                continue  # straight to the endpoint, without asking Slurm first
             job = rest.job(job.job_id)
 
     @staticmethod
-    def _until_reported(instance_id, seconds: float) -> None:
-        """Returns once the job's report has come, or after `seconds`."""
+    def _until_reported(instance_id, seconds: float) -> bool:
+        """Returns True once the job's report has come, False after `seconds` without it. Sleeps on the
+        report's Redis signal (provisioning/slurm/callback.py); reads the job's row every
+        REPORT_POLL_SECONDS instead when Redis does not answer."""
         until = time.monotonic() + seconds
-        while not SlurmJob.objects.filter(instance_id=instance_id, reported_at__isnull=False).exists():
-            if time.monotonic() >= until:
-                return
-            time.sleep(REPORT_POLL_SECONDS)
+
+        def reported() -> bool:
+            return SlurmJob.objects.filter(instance_id=instance_id, reported_at__isnull=False).exists()
+
+        if reported():
+            return True
+        left = until - time.monotonic()
+        if left > 0:
+            try:
+                client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=left + 5)
+                # Never 0: BLPOP would block for good.
+                client.blpop([report_signal_key(instance_id)], timeout=max(left, 0.05))
+            except (redis.RedisError, OSError):
+                while not reported() and time.monotonic() < until:
+                    time.sleep(REPORT_POLL_SECONDS)
+        return reported()
 
     def _node_address(self, rest: SlurmRest, node_name: str) -> str:
+        key = (self.cluster.rest_url, node_name)
+        known = _NODE_ADDRESSES.get(key)
+        if known and time.monotonic() - known[1] < NODE_ADDRESS_SECONDS:
+            return known[0]
         for node in rest.nodes():
-            if node.name == node_name:
-                return node.address or node.name
+            _NODE_ADDRESSES[(self.cluster.rest_url, node.name)] = (node.address or node.name, time.monotonic())
+        if key in _NODE_ADDRESSES:
+            return _NODE_ADDRESSES[key][0]
         raise DriverError(f"Slurm does not know the node {node_name!r} its job reported.", permanent=False)
 
     def stop(self, ref: InstanceRef) -> None:
@@ -283,6 +323,7 @@ class SlurmDriver(Driver):
             SlurmJob.objects.filter(pk=record.pk, ended_at__isnull=True).update(
                 ended_at=timezone.now(), slurm_state=job.state if job is not None else record.slurm_state
             )
+            self._remove_job_dir(record.job_id)
 
     def poll(self, ref: InstanceRef) -> PollResult:
         """running, pending, exited (ended_because "host_down" when its node failed under it, with
@@ -313,6 +354,7 @@ class SlurmDriver(Driver):
         SlurmJob.objects.filter(pk=record.pk).update(
             slurm_state=job.state, slurm_reason=job.reason or "", ended_at=record.ended_at or now
         )
+        self._remove_job_dir(record.job_id)
         result = self._ended(record, job.state, job.reason)
         result.exit_code = job.exit_code
         return result
@@ -326,6 +368,13 @@ class SlurmDriver(Driver):
             ended_because=ENDED_BECAUSE.get(state, ""),
             last_seen_at=record.last_seen_running_at,
         )
+
+    def _remove_job_dir(self, job_id) -> None:
+        """Removes the ended job's directory under the job directory (its bundle and its home, with the
+        container's sshd host key), when the portal sees it. The workspace is elsewhere and stays, and so
+        does the job's output (<job id>.out beside it), which a failed launch's message points to."""
+        if job_id:
+            shutil.rmtree(os.path.join(self.cluster.job_root, str(int(job_id))), ignore_errors=True)
 
     def managed_instance_ids(self) -> set[str]:
         """Instance ids of this portal's live jobs in the partition (named devcloud-<portal id>-<uuid>).
@@ -356,19 +405,22 @@ class SlurmDriver(Driver):
         return hide_token("\n".join(lines), ref.jupyter_token)
 
     def authorized_keys_set(self, ref: InstanceRef, text: str) -> bool:
-        """Writes the job's ~/.ssh/authorized_keys on shared storage (owner 1000, mode 0600). False when
-        the job has no home there (not started, or the portal does not see the cluster's job_root)."""
+        """Writes the job's keys/authorized_keys on shared storage (owner root, mode 0644; the container
+        sees it read-only at /etc/devcloud/ssh/keys). False when the job has no keys directory there (not
+        started, or the portal does not see the cluster's job_root)."""
         record = SlurmJob.objects.filter(instance_id=ref.id).first()
         if record is None or not record.job_id:
             return False
-        ssh_dir = os.path.join(self.cluster.job_root, str(record.job_id), "home", ".ssh")
-        if not os.path.isdir(ssh_dir):
+        key_dir = os.path.join(self.cluster.job_root, str(record.job_id), "keys")
+        if not os.path.isdir(key_dir):
             return False
-        partial = os.path.join(ssh_dir, "authorized_keys.partial")
-        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        partial = os.path.join(key_dir, "authorized_keys.partial")
+        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w") as handle:
             handle.write(text)
-        os.chown(partial, slurm_job.CONTAINER_UID, slurm_job.CONTAINER_UID)
-        os.replace(partial, os.path.join(ssh_dir, "authorized_keys"))
+        # Root's, like the directory: sshd (uid 1000) reads it, and only root may change it.
+        os.chown(partial, 0, 0)
+        os.chmod(partial, 0o644)
+        os.replace(partial, os.path.join(key_dir, "authorized_keys"))
         return True
 
     def remove_workspace(self, owner_id) -> None:

@@ -86,8 +86,34 @@ def job_report(*, instance_id, token: str, report: dict) -> SlurmJob:
         readings = [value for value in busy.values() if value is not None]
         changes["gpu_busy_percent"] = max(readings) if readings else None
     SlurmJob.objects.filter(pk=record.pk).update(**changes)
+    if "reported_at" in changes:
+        report_signal(instance_id)
     record.refresh_from_db()
     return record
+
+
+# The start waiting for a job's report (provisioning/drivers/slurm.py) blocks on this Redis list instead of
+# reading the job's row over and over: a burst of launches polling was CPU their own jobs' start needed.
+REPORT_SIGNAL_KEEP_SECONDS = 300
+
+
+def report_signal_key(instance_id) -> str:
+    return f"devcloud:slurm-reported:{instance_id}"
+
+
+def report_signal(instance_id) -> None:
+    """Wakes the start waiting for this instance's report. A Redis that does not answer is no error: the
+    start also reads the job's row once a second."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+        with client.pipeline() as pipe:
+            pipe.rpush(report_signal_key(instance_id), "reported")
+            pipe.expire(report_signal_key(instance_id), REPORT_SIGNAL_KEEP_SECONDS)
+            pipe.execute()
+    except (redis.RedisError, OSError):
+        pass
 
 
 @csrf_exempt

@@ -2,21 +2,26 @@
 
 batch_script() is the script, job_request() the `job` dict of a slurmrestd submission; submit both with
 SlurmRest.submit(script=..., job=...). On the node the script
-  1. picks two free TCP ports, for JupyterLab and sshd;
-  2. makes the job's directory <run_dir>/<job id>/ with an OCI bundle (bundle/config.json) and a home
-     (home/, owned by uid 1000, with .ssh/authorized_keys holding the given keys), and creates the
+  1. makes the job's directory <run_dir>/<job id>/ with an OCI bundle (bundle/config.json), a home
+     (home/, owned by uid 1000) and keys/authorized_keys holding the given keys (owned by root, bound
+     read-only at /etc/devcloud/ssh/keys, where the image's sshd_config looks), and creates the
      workspace directory (owned by uid 1000) when it does not exist;
-  3. POSTs {"node", "jupyter_port", "ssh_port", "job_id"} as JSON to the callback URL with
+  2. picks two free TCP ports, for JupyterLab and sshd, and starts `srun --container=<bundle> <tini> -s --
+     <start script>` with JUPYTER_IP=0.0.0.0 and the ports in JUPYTER_PORT and DEVCLOUD_SSH_PORT. Only the
+     variables the image's entrypoint reads go into the container (srun --export), never the callback
+     token;
+  3. waits until the container listens on both ports with sockets of its own (held by a process in the
+     job's cgroup). A port picked free can be taken by another program before the container binds it:
+     JupyterLab then exits, or sshd does not listen; the script stops the container and goes back to 2
+     with new ports, up to PORT_ATTEMPTS times;
+  4. POSTs {"node", "jupyter_port", "ssh_port", "job_id"} as JSON to the callback URL with
      `Authorization: Bearer <callback token>` (a failure is logged in the job's output, not fatal: the
-     portal can still find the job through REST);
-  4. execs `srun --container=<bundle> <tini> -s -- <start script>` with JUPYTER_IP=0.0.0.0 and the ports
-     in JUPYTER_PORT and DEVCLOUD_SSH_PORT; JupyterLab then answers at http://<node address>:<port><base
-     url>. Only the variables the image's entrypoint reads go into the container (srun --export), never
-     the callback token.
+     portal can still find the job through REST). JupyterLab answers at http://<node address>:<port><base
+     url> from then on; the report is also the portal's sign that JupyterLab listens.
 
 The container (config.json): root.path is the shared root filesystem, read-only; uid 1000 with the
 group ids of the node's render devices; the node's network (no network namespace); /workspace, the home,
-/dev/kfd and /dev/dri bound in, tmpfs /tmp and /dev/shm; no capabilities. Its one devices rule allows
+the keys (read-only), /dev/kfd and /dev/dri bound in, tmpfs /tmp and /dev/shm; no capabilities. Its one devices rule allows
 everything: its cgroup nests under the job step's, so Slurm's ConstrainDevices still decides which GPUs
 open. The GPU variables (ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES,
 GPU_DEVICE_ORDINAL) are passed in from the batch environment, since Slurm does not set them inside a
@@ -39,8 +44,8 @@ What the cluster must provide:
     `"requeue": false` as a request *to* requeue), so a node that dies ends the instance's job (NODE_FAIL)
     instead of starting it again elsewhere behind the portal's back.
 
-A job's directory is left behind when it ends (its home holds the container's sshd host key and shell
-history); the run_dir belongs to the operator's cleanup.
+The driver removes a job's directory once the instance has ended (provisioning/drivers/slurm.py), when
+the portal sees run_dir; the job's output (<run_dir>/<job id>.out) stays for the operators.
 """
 
 import shlex
@@ -56,15 +61,16 @@ CONTAINER_HOME = "/home/developer"
 NODE_PLACEHOLDER = "{node}"
 GPU_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 # What the container's environment holds (besides Slurm's own SLURM_* variables).
+# How many times the job starts its container on newly picked ports when a port was taken meanwhile.
+PORT_ATTEMPTS = 5
 CONTAINER_VARIABLES = (
     "PATH", "HOME", "LANG", "SHELL", "JUPYTER_TOKEN", "JUPYTER_BASE_URL", "JUPYTER_IP", "JUPYTER_PORT",
     "DEVCLOUD_SSH_PORT", *GPU_VARIABLES,
 )
 
-# Runs on the node with python3: picks the ports, writes the bundle and the home, calls back. Prints
-# "<jupyter port> <ssh port> <bundle dir>".
+# Runs on the node with python3: writes the bundle and the home. Prints the bundle's directory.
 _NODE_HELPER = r'''
-import json, os, socket, stat, sys, urllib.request
+import json, os, sys
 
 env = os.environ
 job_id, node = env["SLURM_JOB_ID"], env["SLURMD_NODENAME"]
@@ -77,31 +83,26 @@ bundle, home = os.path.join(job_dir, "bundle"), os.path.join(job_dir, "home")
 GPU_VARIABLES = {gpu_variables!r}
 
 
-def free_port():
-    # The port is free now; nothing else on the node takes ports from this range in the meantime.
-    with socket.socket() as probe:
-        probe.bind(("0.0.0.0", 0))
-        return probe.getsockname()[1]
-
-
-ports = [free_port(), free_port() if env.get("DEVCLOUD_SSH") == "1" else 0]
-while ports[1] == ports[0]:
-    ports[1] = free_port()
-
 for path in (bundle, os.path.join(home, ".ssh")):
     os.makedirs(path, exist_ok=True)
 workspace = env["DEVCLOUD_WORKSPACE"]
 if not os.path.isdir(workspace):
     os.makedirs(workspace)
     os.chown(workspace, uid, uid)
-keys = os.path.join(home, ".ssh", "authorized_keys")
-with open(keys, "w") as handle:
-    handle.write(env.get("DEVCLOUD_AUTHORIZED_KEYS", ""))
-os.chmod(keys, 0o600)
 os.chmod(os.path.join(home, ".ssh"), 0o700)
 os.chmod(home, 0o750)
-for path in (home, os.path.join(home, ".ssh"), keys):
+for path in (home, os.path.join(home, ".ssh")):
     os.chown(path, uid, uid)
+# The keys sshd trusts: root's, bound read-only over the image's /etc/devcloud/ssh/keys, so the tenant
+# (uid 1000) cannot add one of their own.
+key_dir = os.path.join(job_dir, "keys")
+os.makedirs(key_dir, exist_ok=True)
+keys = os.path.join(key_dir, "authorized_keys")
+with open(keys, "w") as handle:
+    handle.write(env.get("DEVCLOUD_AUTHORIZED_KEYS", ""))
+for path, mode in ((key_dir, 0o755), (keys, 0o644)):
+    os.chown(path, 0, 0)
+    os.chmod(path, mode)
 
 # The render group of this node's devices, whatever its gid here.
 device_paths = [os.path.join(devices, "kfd")]
@@ -147,6 +148,7 @@ config = {
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
         bind(workspace, "/workspace", "nodev"),
         bind(home, env["HOME"], "nodev"),
+        bind(key_dir, "/etc/devcloud/ssh/keys", "nodev", "ro"),
         bind(os.path.join(devices, "kfd"), "/dev/kfd"),
         bind(dri, "/dev/dri"),
     ],
@@ -163,9 +165,147 @@ config = {
 with open(os.path.join(bundle, "config.json"), "w") as handle:
     json.dump(config, handle, indent=1)
 
+print(bundle)
+'''
+
+
+# Runs on the node with python3 before each attempt to start the container: prints two ports that are
+# free now, "<jupyter port> <ssh port>" (ssh 0 without sshd). They may be taken before the container
+# binds them; _CONFIRM finds out and the script tries again with others.
+_PICK_PORTS = r'''
+import os, socket
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        return probe.getsockname()[1]
+
+ports = [free_port(), free_port() if os.environ.get("DEVCLOUD_SSH") == "1" else 0]
+while ports[1] == ports[0]:
+    ports[1] = free_port()
+print(*ports)
+'''
+
+
+# Runs on the node with python3 beside the starting container: waits until JupyterLab (and sshd) listen
+# on the picked ports, and proves that the listening sockets are this job's own (held by a process in the
+# job's cgroup), not another program's that took a port between the pick and the container's bind. Then
+# reports node and ports to the portal and exits 0. Exits 3 when the container ended first (JupyterLab
+# exits when its port is taken) or sshd's port is someone else's: the script tries other ports.
+# argv: jupyter port, ssh port (0: none), pid of srun.
+_CONFIRM = r'''
+import json, os, sys, time, urllib.request
+
+env = os.environ
+job_id, node = env["SLURM_JOB_ID"], env["SLURMD_NODENAME"]
+jupyter_port, ssh_port, srun = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+wanted = [port for port in (jupyter_port, ssh_port) if port]
+# How long sshd (started before JupyterLab) may still take once JupyterLab listens.
+SSH_GRACE = 2.0
+
+
+def job_cgroups():
+    # Every cgroup hierarchy's directory of this job: the container's processes nest under it.
+    mounts = {}
+    with open("/proc/self/mountinfo") as lines:
+        for line in lines:
+            fields = line.split()
+            kind = fields[fields.index("-") + 1]
+            if kind == "cgroup2":
+                mounts[""] = fields[4]
+            elif kind == "cgroup":
+                for option in fields[-1].split(","):
+                    mounts[option] = fields[4]
+    found, marker = set(), f"/job_{job_id}"
+    with open("/proc/self/cgroup") as lines:
+        for line in lines:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if marker not in path:
+                continue
+            path = path[: path.index(marker) + len(marker)]
+            for controller in controllers.split(",") if controllers else [""]:
+                if controller in mounts:
+                    found.add(mounts[controller] + path)
+    return sorted(found)
+
+
+def job_sockets(cgroups):
+    # The socket inodes the job's processes hold; None when some process's descriptors are unreadable.
+    pids = set()
+    for top in cgroups:
+        for directory, _, _ in os.walk(top):
+            try:
+                with open(os.path.join(directory, "cgroup.procs")) as procs:
+                    pids.update(procs.read().split())
+            except OSError:
+                pass
+    inodes, blind = set(), False
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except PermissionError:
+            blind = True
+        except OSError:
+            pass
+    return None if blind else inodes
+
+
+def listening():
+    # {port: {socket inode}} of the listening TCP sockets on the wanted ports, in this node's network.
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines)
+                for line in lines:
+                    fields = line.split()
+                    port = int(fields[1].rsplit(":", 1)[1], 16)
+                    if fields[3] == "0A" and port in wanted:
+                        found.setdefault(port, set()).add(fields[9])
+        except OSError:
+            pass
+    return found
+
+
+def srun_alive():
+    try:
+        with open(f"/proc/{srun}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+cgroups = job_cgroups()
+jupyter_since = None
+while True:
+    if not srun_alive():
+        print(f"devcloud: the container ended before JupyterLab listened on port {jupyter_port}", file=sys.stderr)
+        sys.exit(3)
+    listeners = listening()
+    ours = set()
+    if listeners:
+        sockets = job_sockets(cgroups) if cgroups else None
+        for port, inodes in listeners.items():
+            # Every listener on the port must be the job's: sshd binds IPv6 even when another program
+            # holds the port on IPv4, where the portal connects. Without a view of the job's sockets, a
+            # listener on a port the container is starting on counts.
+            if sockets is None or inodes <= sockets:
+                ours.add(port)
+    if jupyter_port in ours:
+        jupyter_since = jupyter_since or time.monotonic()
+        if not ssh_port or ssh_port in ours:
+            break
+        if time.monotonic() - jupyter_since > SSH_GRACE:
+            print(f"devcloud: sshd does not listen on port {ssh_port} (taken by another program?)", file=sys.stderr)
+            sys.exit(3)
+    time.sleep(0.05)
+
 url = env.get("DEVCLOUD_CALLBACK_URL")
 if url:
-    body = {"node": node, "jupyter_port": ports[0], "ssh_port": ports[1] or None, "job_id": int(job_id)}
+    body = {"node": node, "jupyter_port": jupyter_port, "ssh_port": ssh_port or None, "job_id": int(job_id)}
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
         "Content-Type": "application/json",
         "Authorization": "Bearer " + env.get("DEVCLOUD_CALLBACK_TOKEN", ""),
@@ -174,7 +314,6 @@ if url:
         urllib.request.urlopen(request, timeout=10).close()
     except Exception as error:
         print(f"devcloud: callback to {url} failed: {error}", file=sys.stderr)
-print(ports[0], ports[1], bundle)
 '''
 
 
@@ -236,15 +375,34 @@ def batch_script(*, tini: str = TINI, start_script: str = START_SCRIPT) -> str:
     return f"""#!/bin/bash
 # DevCloud instance: the image's JupyterLab in an OCI container on this node (srun --container, runc).
 set -euo pipefail
-read -r jupyter_port ssh_port bundle < <(python3 -c {shlex.quote(helper)})
-if [ -n "${{DEVCLOUD_CALLBACK_URL:-}}" ]; then
-  python3 -c {shlex.quote(_HEARTBEAT)} "$jupyter_port" "$ssh_port" </dev/null &
-fi
-export JUPYTER_IP=0.0.0.0 JUPYTER_PORT=$jupyter_port
-if [ "$ssh_port" != 0 ]; then export DEVCLOUD_SSH_PORT=$ssh_port; else unset DEVCLOUD_SSH_PORT; fi
-unset DEVCLOUD_CALLBACK_TOKEN DEVCLOUD_AUTHORIZED_KEYS
-echo "devcloud: job $SLURM_JOB_ID on $SLURMD_NODENAME, JupyterLab on port $jupyter_port, sshd on $ssh_port"
-exec srun --export={export} --container="$bundle" {shlex.quote(tini)} -s -- {shlex.quote(start_script)}
+bundle=$(python3 -c {shlex.quote(helper)})
+unset DEVCLOUD_AUTHORIZED_KEYS
+export JUPYTER_IP=0.0.0.0
+# A port picked free can be taken before the container binds it: the job reports its ports only once
+# they are its own, and otherwise starts the container again on others.
+for attempt in $(seq 1 {PORT_ATTEMPTS}); do
+  read -r jupyter_port ssh_port < <(python3 -c {shlex.quote(_PICK_PORTS)})
+  export JUPYTER_PORT=$jupyter_port
+  if [ "$ssh_port" != 0 ]; then export DEVCLOUD_SSH_PORT=$ssh_port; else unset DEVCLOUD_SSH_PORT; fi
+  echo "devcloud: job $SLURM_JOB_ID on $SLURMD_NODENAME, JupyterLab on port $jupyter_port, sshd on $ssh_port (attempt $attempt)"
+  env -u DEVCLOUD_CALLBACK_TOKEN srun --export={export} --container="$bundle" {shlex.quote(tini)} -s -- {shlex.quote(start_script)} &
+  container=$!
+  confirmed=0
+  python3 -c {shlex.quote(_CONFIRM)} "$jupyter_port" "$ssh_port" "$container" </dev/null || confirmed=$?
+  if [ "$confirmed" = 0 ]; then
+    if [ -n "${{DEVCLOUD_CALLBACK_URL:-}}" ]; then
+      python3 -c {shlex.quote(_HEARTBEAT)} "$jupyter_port" "$ssh_port" </dev/null &
+    fi
+    unset DEVCLOUD_CALLBACK_TOKEN
+    status=0
+    wait "$container" || status=$?
+    exit "$status"
+  fi
+  kill -TERM "$container" 2>/dev/null || true
+  wait "$container" || true
+done
+echo "devcloud: JupyterLab and sshd could not get their ports in {PORT_ATTEMPTS} attempts; see above" >&2
+exit 1
 """
 
 

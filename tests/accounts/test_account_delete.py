@@ -16,14 +16,14 @@ DELETE = "/accounts/settings/delete/"
 
 
 def sign_up_and_verify(run_on_commit, mailoutbox, email):
-    """A newcomer's whole path: sign up, open the emailed link, press its button. Returns (user, browser,
-    the page after confirming)."""
+    """A newcomer's whole path: sign up, open the emailed link, type the password and press its button
+    (which logs in). Returns (user, browser, the page after confirming)."""
     browser = Client()
     with run_on_commit():
         browser.post(
             "/accounts/signup/", {"email": email, "password": PASSWORD, "password_confirm": PASSWORD}
         )
-    page = browser.post(link_path(mailoutbox[-1]), follow=True).content.decode()
+    page = browser.post(link_path(mailoutbox[-1]), {"password": PASSWORD}, follow=True).content.decode()
     return User.objects.get(email=email.strip().lower()), browser, page
 
 
@@ -77,6 +77,7 @@ def test_a_never_verified_address_can_still_get_the_grant_after_deletion(run_on_
             "/accounts/signup/",
             {"email": "dana@example.com", "password": PASSWORD, "password_confirm": PASSWORD},
         )
+    browser.force_login(User.objects.get(email="dana@example.com"))
     browser.post(DELETE, {"confirm_email": "dana@example.com", "password": PASSWORD})
 
     dana, _, _ = sign_up_and_verify(run_on_commit, mailoutbox, "dana@example.com")

@@ -1,3 +1,4 @@
+from django.contrib.auth import SESSION_KEY
 from django.test import override_settings
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
@@ -37,17 +38,21 @@ def test_it_confirms_the_address_and_grants_25_gpu_hours(client, charlie, mailou
     assert "Confirm your email address." not in page
 
 
-def test_a_browser_that_is_not_logged_in_logs_in_first_and_comes_back_to_confirm(client, charlie, mailoutbox):
+def test_a_browser_that_is_not_logged_in_confirms_with_the_password_and_is_logged_in(
+    client, charlie, mailoutbox
+):
     link = verification_link(charlie, mailoutbox)
     page = client.get(link).content.decode()
-    assert "Log in to confirm" in page and f'href="/accounts/login/?next={link}"' in page
+    # An unconfirmed account cannot log in on the login page (that would tell the address was free).
+    refused = client.post("/accounts/login/", {"username": charlie.email, "password": PASSWORD})
+    assert 'id="id_password"' in page
+    assert refused.status_code == 200 and not client.session.get(SESSION_KEY)
 
-    back = client.post("/accounts/login/", {"username": charlie.email, "password": PASSWORD, "next": link})
-    assert back["Location"] == link
-    client.post(link)
+    client.post(link, {"password": PASSWORD})
 
     charlie.refresh_from_db()
     assert charlie.email_verified and balance_for(charlie) == TWENTY_FIVE_HOURS
+    assert client.session.get(SESSION_KEY) == str(charlie.pk)
 
 
 def test_it_refuses_a_used_link_and_grants_once(client, charlie, mailoutbox):

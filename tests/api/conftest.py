@@ -1,4 +1,5 @@
-"""API test helpers: a token for a persona, and a client that sends it the way a script does."""
+"""API test helpers: a token for a persona, and a client that sends it the way a script does; a local
+OpenID Connect issuer for keyless CI sign-in."""
 
 
 import pytest
@@ -7,6 +8,7 @@ from django.test import Client
 
 from portal.api import services
 from provisioning.drivers import fake
+from tests.support.oidc_issuer import oidc_issuer_fixture  # noqa: F401  (registers oidc_issuer)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,7 @@
 """/api/v1/me, /ledger, /sizes, /images and /ssh: what a script reads about its account."""
 
+import subprocess
+
 import pytest
 from django.utils import timezone
 
@@ -66,3 +68,56 @@ def test_ssh_tells_where_the_gateway_is(alice, settings):
     body = token_for(alice, scope="read")[1].get("/api/v1/ssh").json()
     assert body["proxy_jump"] == "ssh.devcloud.example:2200" and body["user"] == "developer"
     assert body["example"] == "ssh -J ssh.devcloud.example:2200 developer@<instance short id>"
+
+
+@pytest.fixture
+def gateway_key(tmp_path, settings):
+    """The gateway's host key as the gateway makes it at its first start (with its .pub beside it)."""
+    from portal.sshgateway.server import load_host_key
+
+    path = tmp_path / "gateway_host_key"
+    load_host_key(str(path))
+    settings.SSH_GATEWAY_HOST_KEY = str(path)
+    settings.SSH_GATEWAY_HOST, settings.SSH_GATEWAY_PORT = "ssh.devcloud.example", 2200
+    return path
+
+
+def _ssh_keygen_fingerprint(path) -> str:
+    return subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def test_ssh_publishes_the_gateway_host_key_as_a_known_hosts_line_and_its_fingerprint(alice, gateway_key):
+    body = token_for(alice, scope="read")[1].get("/api/v1/ssh").json()
+    key_type, blob = gateway_key.with_name("gateway_host_key.pub").read_text().split()[:2]
+    assert body["host_key"] == f"[ssh.devcloud.example]:2200 {key_type} {blob}" and key_type == "ssh-ed25519"
+    assert body["host_key_fingerprint"] == _ssh_keygen_fingerprint(gateway_key)
+    assert body["host_key_note"] == ""
+
+
+def test_ssh_reads_the_public_file_so_the_web_process_needs_no_private_key(alice, gateway_key):
+    expected = _ssh_keygen_fingerprint(gateway_key)
+    gateway_key.unlink()
+    body = token_for(alice, scope="read")[1].get("/api/v1/ssh").json()
+    assert body["host_key_fingerprint"] == expected and body["host_key"].startswith("[ssh.devcloud.example]:2200 ")
+
+
+def test_ssh_derives_the_public_key_from_the_private_one_without_a_public_file(alice, gateway_key):
+    expected = _ssh_keygen_fingerprint(gateway_key)
+    gateway_key.with_name("gateway_host_key.pub").unlink()
+    body = token_for(alice, scope="read")[1].get("/api/v1/ssh").json()
+    assert body["host_key_fingerprint"] == expected and body["host_key"].startswith("[ssh.devcloud.example]:2200 ")
+
+
+def test_ssh_names_a_gateway_on_port_22_by_its_bare_host(alice, gateway_key, settings):
+    settings.SSH_GATEWAY_PORT = 22
+    body = token_for(alice, scope="read")[1].get("/api/v1/ssh").json()
+    assert body["host_key"].startswith("ssh.devcloud.example ssh-ed25519 ")
+
+
+def test_ssh_says_so_when_the_gateway_never_started_and_has_no_key(alice, settings, tmp_path):
+    settings.SSH_GATEWAY_HOST_KEY = str(tmp_path / "never-made")
+    body = token_for(alice, scope="read")[1].get("/api/v1/ssh").json()
+    assert body["host_key"] is None and body["host_key_fingerprint"] is None
+    assert "the operator has not started it" in body["host_key_note"]
+    me = token_for(alice, scope="read")[1].get("/api/v1/me").json()
+    assert me["ssh"]["host_key"] is None

@@ -114,8 +114,42 @@ def test_it_refuses_an_idempotency_key_reused_with_another_body(rich_alice, cpu)
         422,
         kind="idempotency-key-reused",
     )
-    assert "different size or image" in body["detail"]
+    assert "different size, image or time limit" in body["detail"]
     assert Instance.objects.filter(user=rich_alice).count() == 1
+
+
+def test_a_launch_with_a_time_limit_answers_its_deadline_and_replays_only_with_the_same_limit(
+    rich_alice, cpu
+):
+    _, api = token_for(rich_alice)
+    key = str(uuid.uuid4())
+    first = api.post(
+        URL, {"size": "1x", "image": "cpu", "stop_after_seconds": 900}, headers={"Idempotency-Key": key}
+    )
+    again = api.post(
+        URL, {"size": "1x", "image": "cpu", "stop_after_seconds": 900}, headers={"Idempotency-Key": key}
+    )
+    other = api.post(
+        URL, {"size": "1x", "image": "cpu", "stop_after_seconds": 60}, headers={"Idempotency-Key": key}
+    )
+
+    assert first.status_code == 201, first.content
+    deadline = Instance.objects.get(user=rich_alice).deadline_at
+    assert first.json()["deadline_at"] == deadline.isoformat().replace("+00:00", "Z")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert_problem(other, 422, kind="idempotency-key-reused")
+    assert Instance.objects.filter(user=rich_alice).count() == 1
+
+
+@pytest.mark.parametrize("seconds", [30, 10**9, "soon"])
+def test_it_refuses_a_time_limit_out_of_range_and_queues_nothing(rich_alice, cpu, seconds):
+    _, api = token_for(rich_alice)
+    body = assert_problem(api.post(URL, {"size": "1x", "image": "cpu", "stop_after_seconds": seconds}), 400)
+    assert (
+        "stop_after_seconds" in body.get("errors", {})
+        or "stop_after_seconds must be between" in body["detail"]
+    )
+    assert not Instance.objects.exists()
 
 
 def test_a_refused_launch_leaves_its_key_free_for_the_retry(alice, cpu):

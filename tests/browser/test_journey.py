@@ -81,9 +81,23 @@ def balance_of(page) -> str:
 
 def expect_no_error_page(page) -> None:
     """Fails on a server error page or a page whose stylesheet did not load (an unstyled page)."""
-    assert page.title() and "Server Error" not in page.title(), page.content()[:2000]
-    styled = page.evaluate("() => Array.from(document.styleSheets).some(sheet => sheet.cssRules.length > 0)")
-    assert styled, f"{page.url} rendered without its stylesheet"
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+    from playwright.sync_api import expect
+
+    # Through expect, which waits: a page that reloads itself (the launch page while an image builds) has
+    # no title for a moment.
+    expect(page).to_have_title(re.compile(r"\S"))
+    assert "Server Error" not in page.title(), page.content()[:2000]
+    # Chromium refuses to read the rules of a sheet that is still loading (SecurityError), so a sheet
+    # counts once it has loaded rules; the page has a few seconds to get there.
+    try:
+        page.wait_for_function(
+            "() => Array.from(document.styleSheets).some(sheet => {"
+            " try { return sheet.cssRules.length > 0 } catch (loading) { return false } })",
+            timeout=10_000,
+        )
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"{page.url} rendered without its stylesheet") from None
 
 
 class LabTraffic:
@@ -115,6 +129,27 @@ class LabTraffic:
         return "\n".join(self.lines) or "(nothing)"
 
 
+# How often a lab that loaded only in part is loaded again before the test gives up.
+LAB_RELOADS = 2
+
+
+def open_the_launcher(lab) -> None:
+    """Wait for JupyterLab's launcher, and load the lab again, as a person would, when it came up in part.
+
+    Chromium fails the requests it has in flight with ERR_NETWORK_CHANGED whenever the machine's network
+    interfaces change, which they do each time Docker makes or removes an instance's network (other
+    tests do so all along); a theme stylesheet lost that way leaves JupyterLab's "Error Loading Theme"
+    dialog over the page. Nothing of the portal is at fault then, and loading the page again mends it."""
+    card = lab.locator(".jp-LauncherCard[data-category='Notebook']").first
+    broken = lab.locator(".jp-Dialog[aria-label^='Error Loading']")
+    for _ in range(LAB_RELOADS):
+        card.wait_for(state="visible", timeout=90 * SECOND)
+        lab.wait_for_timeout(1000)  # the theme's error dialog, if any, comes with the launcher
+        if broken.count() == 0:
+            return
+        lab.reload()
+
+
 def run_print_in_a_new_notebook(lab, instance_id) -> None:
     """In a freshly opened JupyterLab: a new Python 3 notebook from the launcher, `print(6 * 7)` typed
     into its cell and run with Shift+Enter. Returns once the output reads 42; raises AssertionError or
@@ -122,6 +157,7 @@ def run_print_in_a_new_notebook(lab, instance_id) -> None:
     from playwright.sync_api import expect
 
     lab.wait_for_url(re.compile(rf"/instances/{instance_id}/lab/"), timeout=90 * SECOND)
+    open_the_launcher(lab)
     lab.locator(".jp-LauncherCard[data-category='Notebook']").first.click(timeout=90 * SECOND)
     # The kernel is connected (over the gateway's websocket) once the status bar names it and says Idle.
     # A cell run before that is skipped: the notebook's session has no kernel yet.
@@ -167,16 +203,17 @@ def test_it_walks_a_newcomer_from_sign_up_to_a_notebook_cell_and_the_charge_in_t
             page.fill("#id_password_confirm", PASSWORD)
             camera.shoot(page, "signup")
             page.get_by_role("button", name="Sign up", exact=True).click()
-            page.wait_for_url(f"{base}/")
-            expect(page.get_by_test_id("unverified-note")).to_be_visible()
-            assert balance_of(page) == "0.00 GPU-hours"
-            camera.shoot(page, "dashboard-unverified")
+            # The same answer as for an address that has an account: read the email; no session yet.
+            expect(page.get_by_role("heading", name="Check your email")).to_be_visible()
+            camera.shoot(page, "signup-check-email")
 
-            # 2. The worker emails the confirmation link over SMTP; open it.
+            # 2. The worker emails the confirmation link over SMTP; open it, type the password, confirm
+            # (which logs in).
             email = portal_stack.mailbox.wait_for(lambda message: EMAIL in message.rcpt_tos, timeout=60)
             [link] = [link for link in email.links() if "/accounts/verify/" in link]
             assert link.startswith(f"{base}/accounts/verify/"), link
             page.goto(link)
+            page.fill("#id_password", PASSWORD)
             page.get_by_role("button", name="Confirm my email address").click()
             page.wait_for_url(f"{base}/")
 

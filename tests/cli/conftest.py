@@ -2,8 +2,11 @@
 driver, and `python -m portal.cli` run as a separate process with its own config directory."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -57,8 +60,9 @@ class Cli:
         self.path_prefix = path_prefix
 
     def __call__(
-        self, *args: str, input: str | None = None, env: dict | None = None
+        self, *args: str, input: str | None = None, env: dict | None = None, detached: bool = False
     ) -> subprocess.CompletedProcess:
+        """Run it; `detached` runs it in a session of its own, without a controlling terminal (as in CI)."""
         environment = {
             key: value for key, value in os.environ.items() if key not in ("DEVCLOUD_URL", "DEVCLOUD_TOKEN")
         }
@@ -68,15 +72,52 @@ class Cli:
         environment.update(env or {})
         return subprocess.run(
             [sys.executable, "-m", "portal.cli", *args],
+            check=False,
             cwd=REPO,
             env=environment,
             input=input,
             capture_output=True,
             text=True,
             timeout=120,
+            start_new_session=detached,
         )
 
 
 @pytest.fixture
 def devcloud(tmp_path):
     return Cli(tmp_path / "config")
+
+
+@pytest.fixture
+def portal_with_gateway(gateway, live_server, settings):  # noqa: F811  (the gateway fixture)
+    """The live portal, pointing people at the session's real gateway and publishing its host key."""
+    settings.SSH_GATEWAY_HOST, settings.SSH_GATEWAY_PORT = "127.0.0.1", gateway.port
+    settings.SSH_GATEWAY_HOST_KEY = str(gateway.host_key)
+    settings.ALLOWED_HOSTS = ["*"]
+    return live_server.url
+
+
+@pytest.fixture
+def ssh_agent():
+    """ssh_agent(key) -> SSH_AUTH_SOCK of a fresh ssh-agent holding `key`, as a CI job's agent step."""
+    directory = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp"))
+    socket_path = directory / "sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
+
+    def holding(key) -> str:
+        deadline = time.monotonic() + 10
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        subprocess.run(
+            ["ssh-add", "-q", str(key.private)],
+            env={"PATH": os.environ["PATH"], "SSH_AUTH_SOCK": str(socket_path)},
+            check=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
+        return str(socket_path)
+
+    yield holding
+    agent.terminate()
+    agent.wait(timeout=10)
+    shutil.rmtree(directory, ignore_errors=True)

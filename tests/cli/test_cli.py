@@ -124,3 +124,13 @@ def test_keys_add_and_ls(logged_in, tmp_path, alice):
 def test_balance_and_images(logged_in):
     assert "25.00 GPU-hours" in logged_in("balance").stdout
     assert json.loads(logged_in("images", "--json").stdout)[0]["key"] == "cpu"
+
+
+def test_balance_shows_a_small_debt_instead_of_minus_nothing(logged_in, alice):
+    # 25 GPU-hours granted, then 25 hours and 15 seconds charged: 15 GPU-seconds in debt.
+    give(alice, -(25 * 3600 + 15) / 3600, reason="Usage past the balance")
+
+    shown = logged_in("balance").stdout
+
+    assert "-0.0042 GPU-hours" in shown, shown
+    assert "-0.00 GPU-hours" not in shown

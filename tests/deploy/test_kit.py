@@ -70,6 +70,20 @@ def test_every_service_reads_the_one_environment_file_and_restarts():
         assert unit.name in unit_sections("devcloud.target")["Unit"]["Wants"][0].split(), unit.name
 
 
+def test_only_the_workers_that_drive_engines_may_reach_the_docker_socket():
+    # The docker group is root on the portal's machine: the internet-facing web process must not have it.
+    def groups(unit):
+        return " ".join(unit_sections(unit)["Service"].get("SupplementaryGroups", [])).split()
+
+    with_docker = {unit.name for unit in UNITS.glob("*.service") if "docker" in groups(unit.name)}
+
+    assert with_docker == {"devcloud-worker.service", "devcloud-provisioning.service"}
+    web = unit_sections("devcloud-web.service")["Service"]
+    assert web["User"] == ["devcloud"] and web["Group"] == ["devcloud"]
+    hidden = " ".join(web.get("InaccessiblePaths", [])).split()
+    assert {"-/run/docker.sock", "-/var/run/docker.sock"} <= set(hidden)
+
+
 def settings_read_from_the_environment() -> set[str]:
     names = set()
     for module in SETTINGS.glob("*.py"):
@@ -135,7 +149,7 @@ def test_the_alert_rules_cover_what_an_operator_is_paged_for_with_exported_metri
     rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
     alerts = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
 
-    for needed in ("HostDown", "MeterTickLate", "LaunchQueueWait", "LaunchFailureRate", "EmailFailures"):
+    for needed in ("HostDown", "MeterTickLate", "LaunchQueueWait", "LaunchFailureRate", "EmailFailures", "GpuDrained"):
         assert f"DevCloud{needed}" in alerts
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in ("page", "ticket"), name
@@ -143,10 +157,25 @@ def test_the_alert_rules_cover_what_an_operator_is_paged_for_with_exported_metri
         assert metrics_in(rule["expr"]) <= exported, f"{name} reads metrics /metrics does not export"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (Debian: prometheus)")
 def test_promtool_accepts_the_alert_rules():
+    # scripts/test-services.sh installs it with Debian's prometheus package: this check always runs.
+    assert shutil.which("promtool"), "promtool is not installed: run `make services` (Debian: prometheus)"
     result = subprocess.run(
         ["promtool", "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (Debian: prometheus)")
+def test_a_drained_gpu_raises_the_gpu_drained_alert_for_its_host():
+    result = subprocess.run(
+        ["promtool", "test", "rules", "gpu_drained_test.yml"],
+        cwd=Path(__file__).parent / "promtool",
         capture_output=True,
         text=True,
         timeout=60,

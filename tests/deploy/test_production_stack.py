@@ -5,7 +5,10 @@ started with the ExecStart lines of deploy/systemd/ (portal/workers.py's layout)
 deploy/nginx/devcloud.conf and a self-signed certificate. Through nginx, over TLS, as a browser would:
 sign up, confirm the emailed link (a local SMTP server receives it), launch the CPU image on the local
 Docker engine, reach JupyterLab on the instance's own subdomain, and stop it. /readyz and /metrics are
-read through the same nginx.
+read through the same nginx. The web process runs confined as its unit confines it under systemd
+(InaccessiblePaths=: no Docker socket), so the journey proves that only the workers need the engine; so
+does an operator's visit to a host's console page (its image list), "Check the Docker engine connection"
+and "Discover GPUs", which the provisioning worker runs for the web.
 """
 
 import os
@@ -21,18 +24,22 @@ from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import docker
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from provisioning.models import GpuHost
 from tests.browser.conftest import cpu_catalog, gpu_host  # noqa: F401  (fixtures)
+from tests.conftest import PASSWORD as OPERATOR_PASSWORD
+from tests.conftest import make_user
 from tests.support.docker_instances import remove_portal_objects
 from tests.support.forms import form_fields
 from tests.support.images import cpu_image_fixture  # noqa: F401  (registers cpu_image)
 from tests.support.smtp import free_port, smtp_server
 from tests.support.worker import _forget_queues, current_database_url, redis_url, unique_queue
 
-from .kit import REPO, environment, exec_start, nginx_conf, nginx_site, self_signed
+from .kit import REPO, environment, exec_start, nginx_conf, nginx_site, self_signed, unit_sections
 
 pytestmark = [
     pytest.mark.slow,
@@ -190,6 +197,8 @@ def stack(transactional_db, portal_id, cpu_catalog, gpu_host, tmp_path):  # noqa
             "EMAIL_HOST_PASSWORD": "",
             "EMAIL_USE_TLS": "false",
             "DEVCLOUD_PORTAL_ID": portal_id,
+            # This machine's engine keeps its data on ext4, which cannot enforce disk limits.
+            "DEVCLOUD_DISK_LIMITS": "warn",
             # JupyterLab starts slowly in a container on a busy two-core machine.
             "READY_TIMEOUT_SECONDS": "150",
             "GATEWAY_AUTH_SECRET": gateway_secret,
@@ -227,7 +236,8 @@ def stack(transactional_db, portal_id, cpu_catalog, gpu_host, tmp_path):  # noqa
         )
         (nginx_root / "nginx.conf").write_text(nginx_conf(site, nginx_root))
         try:
-            processes.append(Process("web", web, env, tmp_path))
+            # The web unit as systemd confines it: no Docker socket (deploy/systemd/devcloud-web.service).
+            processes.append(Process("web", as_unit_confines("devcloud-web.service", web, tmp_path), env, tmp_path))
             processes.append(Process("worker", exec_start("devcloud-worker.service"), env, tmp_path))
             processes.append(
                 Process("provisioning", exec_start("devcloud-provisioning.service"), env, tmp_path)
@@ -262,6 +272,37 @@ def stack(transactional_db, portal_id, cpu_catalog, gpu_host, tmp_path):  # noqa
             _forget_queues(broker, [default_queue, provisioning_queue])
 
 
+# Runs the rest of its arguments with each path that exists covered by the first argument (an empty file,
+# mode 000), in a mount namespace of its own: what systemd's InaccessiblePaths= does.
+_COVER = (
+    'cover=$1; shift; count=$1; shift; while [ "$count" -gt 0 ]; do '
+    'if [ -e "$1" ]; then mount --bind "$cover" "$1" || exit 1; fi; shift; count=$((count - 1)); done; exec "$@"'
+)
+
+
+def as_unit_confines(unit: str, argv: list[str], tmp_path: Path) -> list[str]:
+    """`argv` wrapped so that the unit's InaccessiblePaths= hold for it, as under systemd."""
+    paths = [
+        path.lstrip("-")
+        for value in unit_sections(unit)["Service"].get("InaccessiblePaths", [])
+        for path in value.split()
+    ]
+    cover = tmp_path / "inaccessible"
+    cover.touch()
+    cover.chmod(0)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _COVER, "sh", str(cover),
+            str(len(paths)), *paths, *argv]  # fmt: skip
+
+
+def engine_answers_inside(pid: int) -> bool:
+    """Whether the Docker socket answers from inside the mount namespace of process `pid`."""
+    try:
+        client = docker.DockerClient(base_url=f"unix:///proc/{pid}/root/run/docker.sock", timeout=5)
+        return client.ping()
+    except docker.errors.DockerException:
+        return False
+
+
 def _answers(browser: Browser, url: str) -> bool:
     try:
         return browser.get(url).status_code == 200
@@ -277,6 +318,11 @@ def test_a_developer_signs_up_launches_jupyterlab_and_stops_through_the_producti
     ready = browser.get(f"{portal}/readyz")
     assert ready.json()["status"] == "ready"
     provisioning = next(process for process in processes if process.name == "provisioning")
+    # The internet-facing web process cannot reach this machine's engine; the provisioning worker can,
+    # and the whole journey below works that way.
+    web = next(process for process in processes if process.name == "web")
+    assert not engine_answers_inside(web.popen.pid)
+    assert engine_answers_inside(provisioning.popen.pid)
     assert re.search(r"concurrency: \d+ \(thread\)", provisioning.log()), provisioning.log()[:2000]
 
     # Sign up.
@@ -291,17 +337,18 @@ def test_a_developer_signs_up_launches_jupyterlab_and_stops_through_the_producti
         password=PASSWORD,
         password_confirm=PASSWORD,
     )
-    assert response.status_code == 302, response.text[:2000]
-    assert browser.jars[PORTAL].get("__Host-sessionid"), "production names the session cookie __Host-"
+    # The same answer whether or not the address has an account, and no session yet.
+    assert response.status_code == 200 and "Check your email" in response.text, response.text[:2000]
 
-    # Confirm the address: the link opens a page whose button posts back, in this logged-in browser.
+    # Confirm the address: the link opens a page whose form takes the password and logs in.
     message = mailbox.wait_for(lambda m: email in m.rcpt_tos, timeout=60)
     link = next(link for link in message.links() if "/accounts/verify/" in link)
     assert link.startswith(f"{portal}/accounts/verify/")
     page = browser.get(link)
     assert page.status_code == 200
-    confirmed = browser.submit(link, page, urlsplit(link).path)
+    confirmed = browser.submit(link, page, urlsplit(link).path, password=PASSWORD)
     assert confirmed.status_code == 302, confirmed.text[:2000]
+    assert browser.jars[PORTAL].get("__Host-sessionid"), "production names the session cookie __Host-"
 
     # Launch the CPU image.
     instances = browser.get(f"{portal}/instances/")
@@ -333,6 +380,11 @@ def test_a_developer_signs_up_launches_jupyterlab_and_stops_through_the_producti
         "the portal session stays home"
     )
 
+    # Its log comes through the API, read by a worker: the confined web process cannot reach the engine.
+    logs = browser.get(f"{portal}/api/v1/instances/{instance_id}/logs?lines=50")
+    assert logs.status_code == 200, logs.text[:2000]
+    assert logs.json()["note"] == "" and any("Jupyter" in line for line in logs.json()["lines"]), logs.json()
+
     # Stop it.
     page = browser.get(f"{portal}/instances/{instance_id}/")
     stopped = browser.submit(f"{portal}/instances/{instance_id}/", page, f"/instances/{instance_id}/stop/")
@@ -354,3 +406,50 @@ def test_a_developer_signs_up_launches_jupyterlab_and_stops_through_the_producti
     assert samples[("devcloud_launch_duration_seconds_count", (("phase", "total"),))] >= 1
     assert samples[("devcloud_instances", (("state", "stopped"),))] >= 1
     assert samples[("devcloud_celery_workers", (("queue", env["CELERY_PROVISIONING_QUEUE"]),))] == 1
+
+
+def test_an_operator_reads_a_hosts_images_checks_its_engine_and_discovers_its_gpus_through_the_production_stack(
+    stack, gpu_host  # noqa: F811
+):
+    browser, _, _, processes = stack
+    portal = f"https://{PORTAL}"
+    web = next(process for process in processes if process.name == "web")
+    assert not engine_answers_inside(web.popen.pid)
+    # Registration asked already; forget it, so the check below must ask again.
+    GpuHost.objects.filter(pk=gpu_host.pk).update(can_limit_workspaces=None, engine_storage="")
+    make_user("olivia@ops.example.com", staff=True)
+
+    login = browser.get(f"{portal}/admin/login/?next=/admin/")
+    assert login.status_code == 200, login.text[:2000]
+    signed_in = browser.submit(
+        f"{portal}/admin/login/", login, "/admin/login/?next=/admin/",
+        username="olivia@ops.example.com", password=OPERATOR_PASSWORD,
+    )  # fmt: skip
+    assert signed_in.status_code == 302, signed_in.text[:2000]
+
+    # The host page lists the catalogue's images as the provisioning worker read them from the engine.
+    host_url = f"{portal}/admin/provisioning/gpuhost/{gpu_host.pk}/change/"
+    page = browser.get(host_url)
+    assert page.status_code == 200, page.text[:2000]
+    assert 'data-testid="images-error"' not in page.text, page.text.split('data-testid="images-error"')[1][:500]
+    assert re.search(r'<tr data-image="cpu">.*?present', page.text, re.DOTALL), page.text[:3000]
+
+    # "Check the Docker engine connection" and "Discover GPUs" from the host list, as an operator ticks them.
+    changelist = f"{portal}/admin/provisioning/gpuhost/"
+    for action, said in (("check_engines", " answered."), ("discover_gpus", "8 GPU(s) present")):
+        listing = browser.get(changelist)
+        # Posted by hand: Browser.submit's own "action" argument is this form's field name.
+        fields = {name: found[0] for name, found in form_fields(listing.text).items() if found}
+        fields.update(action=action, index="0", _selected_action=str(gpu_host.pk))
+        done = browser.request("POST", changelist, data=fields, headers={"Referer": changelist})
+        assert done.status_code == 302, done.text[:3000]
+        shown = browser.get(changelist).text
+        messages = re.search(r'<ul class="messagelist">(.*?)</ul>', shown, re.DOTALL)
+        assert messages and said in messages.group(1), (messages and messages.group(1)) or shown[:3000]
+        assert "did not answer" not in messages.group(1)
+    checked = GpuHost.objects.get(pk=gpu_host.pk)
+    # This machine's engine keeps its data on ext4: the check says it cannot enforce the disk limits.
+    assert checked.can_limit_workspaces is False and checked.engine_storage.startswith("overlay2")
+    provisioning = next(process for process in processes if process.name == "provisioning")
+    for task in ("console_host_images", "console_host_check", "console_host_discover"):
+        assert f"provisioning.{task}" in provisioning.log(), provisioning.log()[-3000:]

@@ -70,3 +70,9 @@ def test_a_new_host_gets_the_enabled_catalogue_images_by_pull_from_the_registry_
     assert any(digest.startswith(f"{fleet.registry.address}/") for digest in pulled.attrs["RepoDigests"])
     assert HostImage.objects.get(host=host, reference=cpu.reference).present
     assert summary.present == 8
+    # Its size came from its engine's /info (NCPU, MemTotal), and each GPU got an even share of it.
+    host.refresh_from_db()
+    info = new_host.client().info()
+    assert (host.host_cpus, host.host_memory_mb) == (info["NCPU"], info["MemTotal"] // (1024 * 1024))
+    assert 0 < host.cpus_per_gpu * 8 <= host.host_cpus
+    assert 0 < host.memory_mb_per_gpu * 8 < host.host_memory_mb

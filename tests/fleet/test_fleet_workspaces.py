@@ -15,9 +15,9 @@ from portal.instances import lifecycle, services
 from portal.instances.models import Instance
 from provisioning import workspaces
 from provisioning.drivers.docker import container_name
-from provisioning.drivers.docker_engine import volume_name
 from provisioning.models import Gpu, GpuHost, Workspace, WorkspaceRemoval
-from tests.support.docker_instances import make_image
+from provisioning.workspaces import workspace_name
+from tests.support.docker_instances import make_image, remove_portal_objects
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600, func_only=True)]
 
@@ -40,15 +40,9 @@ def portal(fleet, settings):
     for host in fleet.hosts:
         host.restart()
         client = host.client()
-        label = {"label": f"devcloud.portal={portal_id}"}
-        for container in client.containers.list(all=True, filters=label):
-            container.remove(force=True)
         for container in client.containers.list(all=True, filters={"label": workspaces.HELPER_LABEL}):
             container.remove(force=True)
-        for network in client.networks.list(filters=label):
-            network.remove()
-        for volume in client.volumes.list(filters=label):
-            volume.remove(force=True)
+        remove_portal_objects(portal_id, client)
         client.close()
 
 
@@ -149,7 +143,7 @@ def test_it_brings_a_file_written_on_one_host_to_the_next_launch_on_the_other(
     workspace = Workspace.objects.get(user=alice)
     assert workspace.host == host_b
     assert volumes_of(fleet, host_a, portal) == []
-    assert volumes_of(fleet, host_b, portal) == [volume_name(alice.pk)]
+    assert volumes_of(fleet, host_b, portal) == [workspace_name(alice.pk)]
 
 
 def test_it_fails_the_launch_and_keeps_the_files_when_the_copy_does_not_arrive_whole(
@@ -179,7 +173,7 @@ def test_it_fails_the_launch_and_keeps_the_files_when_the_copy_does_not_arrive_w
     usage = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.USAGE, reason__contains=second.short_id)
     assert not usage.exists()
     assert Workspace.objects.get(user=alice).host == host_a
-    assert volumes_of(fleet, host_a, portal) == [volume_name(alice.pk)]
+    assert volumes_of(fleet, host_a, portal) == [workspace_name(alice.pk)]
     assert volumes_of(fleet, host_b, portal) == []
     monkeypatch.setattr(workspaces, "before_verify_hook", None)
     third = launch(on=host_a)
@@ -247,7 +241,7 @@ def test_deleting_the_account_removes_its_workspace_on_a_host_where_it_runs_noth
     on_a = launch(on=host_a)
     on_b = launch(on=host_b)  # host A's volume is in use: B gets its own
     stop(on_a)
-    assert volumes_of(fleet, host_a, portal) == [volume_name(alice.pk)]
+    assert volumes_of(fleet, host_a, portal) == [workspace_name(alice.pk)]
     assert containers_of(fleet, host_a, portal) == []
 
     account_delete(user=alice)
@@ -258,4 +252,4 @@ def test_deleting_the_account_removes_its_workspace_on_a_host_where_it_runs_noth
         assert containers_of(fleet, host, portal) == []
         assert volumes_of(fleet, host, portal) == []
     entry = AuditEntry.objects.get(action="account.workspaces_removed", target_id=str(alice.pk))
-    assert f"{volume_name(alice.pk)} on {host_a.name}" in entry.details["volumes"]
+    assert f"{workspace_name(alice.pk)} on {host_a.name}" in entry.details["volumes"]

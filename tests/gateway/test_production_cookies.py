@@ -39,6 +39,11 @@ def production():
         "DJANGO_SETTINGS_MODULE": "portal.settings.production",
         "SECRET_KEY": "p" * 64,
         "DATABASE_URL": "postgres://devcloud@db.internal:5432/devcloud",
+        # What production refuses to start without (portal/settings/production.py, unsafe_settings).
+        "SITE_URL": "https://portal.example.com",
+        "ALLOWED_HOSTS": "portal.example.com",
+        "GATEWAY_LAB_URL": "https://{instance_id}.lab.example.com",
+        "GATEWAY_AUTH_SECRET": "g" * 40,
     }
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True

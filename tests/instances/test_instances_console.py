@@ -119,7 +119,7 @@ def test_the_log_panel_says_when_nothing_was_printed_and_when_the_container_is_g
     ended_page = page_of(olivia_client.get(change_url(running)))
 
     assert "Container log (last 100 lines)" in live_page
-    assert "The container has printed nothing yet (or is gone)." in live_page
+    assert "The container has printed nothing yet." in live_page
     assert "No container: it is removed when the instance ends (the workspace volume is kept)." in ended_page
 
 

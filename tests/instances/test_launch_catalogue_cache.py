@@ -86,10 +86,11 @@ def test_a_change_saved_in_this_process_shows_on_the_next_page_at_once(launch_pa
     assertContains(launch_page.get("/instances/"), "PyTorch 2.9")
 
 
-def test_a_busy_instance_list_reads_the_database_seven_times(launch_page, alice):
+def test_a_busy_instance_list_reads_the_database_eight_times(launch_page, alice):
     # Session, user, live instances, ended ones, the account, the bonus applications (tier and what a
-    # closed size's refusal says), the notifications' unread count: the live instances are read once for
-    # the list and what they burn, and the applications once for the tier and the refusal.
+    # closed size's refusal says), the projects the person may pay from (with their pools' balances), the
+    # notifications' unread count: the live instances are read once for the list and what they burn, and
+    # the applications once for the tier and the refusal.
     for _ in range(2):
         launch_page.post("/instances/launch/", {"size": "1x", "image": "cpu"})
     now = timezone.now()
@@ -100,4 +101,4 @@ def test_a_busy_instance_list_reads_the_database_seven_times(launch_page, alice)
         page = launch_page.get("/instances/")
 
     assertContains(page, "8x MI300X opens once an operator approves one of your bonus-hour applications")
-    assert len(captured) == 7, "\n".join(query["sql"][:150] for query in captured.captured_queries)
+    assert len(captured) == 8, "\n".join(query["sql"][:150] for query in captured.captured_queries)

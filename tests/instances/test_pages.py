@@ -237,3 +237,28 @@ def test_how_long_the_balance_lasts_counts_the_instances_already_running(alice_c
     # 10 GPU-hours shared by the running 1x and a new one: 5 hours; with a new 8x: 10 / 9 hours.
     assert "your balance lasts 5 h 00 min at this size, next to your other instances" in page
     assert "your balance lasts 1 h 06 min at this size, next to your other instances" in page
+
+
+def test_the_instance_page_says_how_much_disk_its_size_may_use(alice_client, alice, images, settings):
+    settings.DEVCLOUD_WORKSPACE_GB = {"1x": 100, "8x": 500}
+    settings.DEVCLOUD_CONTAINER_DISK_GB = {"1x": 50}
+    give(alice, 25)
+    alice_client.post(reverse("instances:launch"), {"size": "1x", "image": "cpu"})
+    instance = Instance.objects.get(user=alice)
+
+    page = text(alice_client.get(reverse("instances:detail", args=[instance.id])))
+
+    assert "/workspace holds up to 100 GB" in page and "No space left on device" in page
+    assert "up to 50 GB elsewhere in the instance" in page
+
+
+def test_the_instance_page_does_not_promise_a_limit_its_host_could_not_enforce(alice_client, alice, images):
+    give(alice, 25)
+    alice_client.post(reverse("instances:launch"), {"size": "1x", "image": "cpu"})
+    instance = Instance.objects.get(user=alice)
+    Instance.objects.filter(pk=instance.pk).update(driver_state={"disk_limits_unenforced": ["workspace"]})
+
+    page = text(alice_client.get(reverse("instances:detail", args=[instance.id])))
+
+    assert "/workspace has no size limit" in page and "holds up to" not in page
+    assert "host cannot enforce disk limits" in page

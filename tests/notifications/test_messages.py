@@ -301,3 +301,19 @@ def test_it_refuses_a_call_its_templates_cannot_explain(alice, mailoutbox, kind,
 
     assert not alice.notifications.exists()
     assert mailoutbox == []
+
+
+def test_it_does_not_promise_the_files_back_when_their_host_went_down(alice, image, mailoutbox, send_now):
+    instance = make_instance(alice, image)
+
+    _, message = send_now(
+        lambda: services.notify_instance_stopped(instance=instance, reason=StopReason.HOST_DOWN),
+        mailoutbox,
+        alice,
+    )
+
+    assert "stopped answering" in message.body
+    assert "come back when you launch again" not in message.body
+    assert "Your files in /workspace stay on that host" in message.body
+    assert "If it comes back, they follow your next launch" in message.body
+    assert "if the host never comes back, those files are lost" in message.body

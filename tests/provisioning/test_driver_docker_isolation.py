@@ -10,7 +10,7 @@ import pytest
 
 from provisioning.drivers import driver_for
 from provisioning.drivers.docker import container_name, network_name
-from provisioning.drivers.docker_engine import volume_name
+from provisioning.workspaces import workspace_name
 from tests.support.docker_instances import (
     docker_client,
     docker_portal_fixture,  # noqa: F401
@@ -112,7 +112,7 @@ def test_it_hardens_the_container_as_docker_inspect_shows(docker_portal, alice, 
     }
     # Exactly one mount: the user's workspace volume. No Docker socket, no host paths.
     assert [(m["Type"], m["Name"], m["Destination"]) for m in attrs["Mounts"]] == [
-        ("volume", volume_name(alice.id), "/workspace")
+        ("volume", workspace_name(alice.id), "/workspace")
     ]
     assert not host_config.get("Binds")
     assert "docker.sock" not in str(attrs["Mounts"])

@@ -10,7 +10,7 @@ import pytest
 from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError
 from provisioning.drivers.docker import container_name, network_name
-from provisioning.drivers.docker_engine import volume_name
+from provisioning.workspaces import workspace_name
 from tests.support.docker_instances import (
     docker_client,
     docker_portal_fixture,  # noqa: F401
@@ -107,7 +107,7 @@ def test_it_says_missing_before_start_and_after_stop_and_stops_twice(docker_port
     assert containers_named(container_name(instance.id)) == []
     assert docker_client().networks.list(filters={"label": f"devcloud.instance={instance.id}"}) == []
     # The workspace outlives the instance.
-    assert docker_client().volumes.get(volume_name(alice.id)).name == volume_name(alice.id)
+    assert docker_client().volumes.get(workspace_name(alice.id)).name == workspace_name(alice.id)
 
 
 def test_it_reports_an_exited_container_and_starts_it_again(docker_portal, alice, host, image):

@@ -91,7 +91,7 @@ def test_the_host_page_says_why_it_cannot_list_images_of_an_engine_that_does_not
     page = host_page(olivia_client, host)
 
     assert (
-        f"Cannot list this host's images: Cannot reach the Docker engine at {url}: Connection refused" in page
+        f"This host's images could not be read: Cannot reach the Docker engine at {url}: Connection refused" in page
     )
 
 

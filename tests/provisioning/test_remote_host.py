@@ -18,6 +18,7 @@ from provisioning import hostfs, services
 from provisioning.drivers import driver_for
 from provisioning.drivers.docker import container_name
 from provisioning.inventory import InventoryError, read_inventory
+from provisioning.models import GpuHost
 from tests.conftest import KFD_FIXTURES, MI300X_RENDER_MINORS, make_kfd_dev_root
 from tests.support.docker_instances import (
     docker_client,
@@ -167,4 +168,22 @@ def test_it_reads_gpu_busy_percent_on_the_host_through_its_engine(remote_host, h
     set_gpu_busy(host_root, 144, 73)
 
     assert hostfs.gpu_busy(remote_host, [136, 144]) == {136: 0, 144: 73}
+    assert helper_containers(docker_portal) == []
+
+
+def test_it_reads_gpu_health_on_the_host_through_its_engine_as_on_the_host_itself(
+    remote_host, host_root, docker_portal
+):
+    (host_root / "sys/class/drm/renderD136/device/ras/umc_err_count").write_text("ue: 3\nce: 11\n")
+    (host_root / "dev/dri/renderD144").unlink()
+    # The same files read on this machine, as for a host whose engine is this machine's.
+    local = GpuHost(name="same-files", sysfs_root=str(host_root), dev_root=str(host_root))
+
+    through_engine = hostfs.gpu_health(remote_host, MI300X_RENDER_MINORS)
+
+    assert through_engine == hostfs.gpu_health(local, MI300X_RENDER_MINORS)
+    assert (through_engine[136].ras_uncorrectable, through_engine[136].ras_correctable) == (3, 11)
+    assert through_engine[128].ras_uncorrectable == 0
+    assert not through_engine[144].device_node
+    assert all(reading.listed for reading in through_engine.values())
     assert helper_containers(docker_portal) == []

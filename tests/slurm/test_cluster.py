@@ -4,6 +4,7 @@ through slurmrestd, GPUs as GRES with device isolation, the portal's image as a 
 import http.server
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -325,8 +326,15 @@ def test_it_runs_the_portal_image_as_a_job_that_answers_calls_back_and_holds_onl
     assert status(url)[0] == 403
 
     inside = json.loads(ssh(tmp_path / "key", node.address, call["body"]["ssh_port"], INSIDE))
+    # The keys sshd trusts are root's, read-only in the container: the tenant cannot add one.
+    tampered = ssh(
+        tmp_path / "key", node.address, call["body"]["ssh_port"],
+        "for f in /etc/devcloud/ssh/keys/authorized_keys /etc/devcloud/ssh/sshd_config; do"
+        " (echo x >> $f) 2>/dev/null && echo wrote || echo refused; done",
+    )
 
     assert inside["uid"] == 1000
+    assert tampered.split() == ["refused", "refused"]
     assert (workspace / "written-inside").read_text() == "hello"
     assert (workspace / "written-inside").stat().st_uid == 1000
     assert inside["root"] == "EROFS"
@@ -348,6 +356,72 @@ def test_it_runs_the_portal_image_as_a_job_that_answers_calls_back_and_holds_onl
     wait_for(lambda: not os.listdir(slurm_cluster.oci_state_dir), 10, "runc's state being removed")
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=2)
+
+
+
+# Holds a port in a node's network namespace, as another program on the node would: listening, like the
+# socket that made a JupyterLab say "The port ... is already in use".
+SQUAT = r"""
+import socket, sys, time
+holder = socket.socket()
+holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+holder.bind(("0.0.0.0", int(sys.argv[1])))
+holder.listen()
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+PICKED = re.compile(r"job \d+ on (\S+), JupyterLab on port (\d+), sshd on (\d+)")
+
+
+@pytest.mark.parametrize("taken", ["jupyter", "ssh"])
+def test_a_port_taken_between_the_jobs_pick_and_the_containers_bind_moves_the_instance_to_a_free_one(
+    slurm_cluster, slurm_rest, callback, cpu_rootfs, tmp_path, taken
+):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    request = job_request(
+        name="devcloud-instance-2", gpus=1, time_limit_minutes=10,
+        jupyter_token="the-jupyter-token", jupyter_base_url="/instances/2/lab/",
+        rootfs=str(cpu_rootfs), workspace_dir=str(tmp_path / "workspace"), run_dir=str(run_dir),
+        callback_url=callback.url, callback_token="the-callback-token",
+        authorized_keys=(tmp_path / "key.pub").read_text(),
+        device_dir=str(slurm_cluster.directory / "dev" / "{node}"),
+    )
+    # The moment the job has picked its ports, another program on its node takes one of them. The test's
+    # squatter starts a process to do that, and sshd can bind first: then the job is cancelled and the
+    # scenario begins again (the race is the test's own set-up, not what it proves).
+    for attempt in range(1, 4):
+        job_id = slurm_rest.submit(script=batch_script(), job=request)
+        output = run_dir / f"{job_id}.out"
+        picked = wait_for(lambda: output.exists() and PICKED.search(output.read_text()), 30, "the job picking ports")
+        node, ports = slurm_cluster.node(picked[1]), {"jupyter": int(picked[2]), "ssh": int(picked[3])}
+        squatter = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{node.netns}", "python3", "-c", SQUAT, str(ports[taken])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        if squatter.stdout.readline().strip() == "holding":
+            break
+        lost = squatter.stderr.read()
+        squatter.wait()
+        slurm_rest.cancel(job_id)
+        wait_for(lambda: (job := slurm_rest.job(job_id)) is None or job.ended, 30, "the cancelled job to end")
+        callback.calls.clear()
+        assert attempt < 3, f"the test could not take port {ports[taken]} before the container did: {lost}"
+    try:
+
+        wait_for(lambda: callback.calls, 60, "the job's report")
+        report = callback.calls[0]["body"]
+        assert report["node"] == node.name
+        assert ports[taken] not in (report["jupyter_port"], report["ssh_port"])
+        url = f"http://{node.address}:{report['jupyter_port']}/instances/2/lab/api/status"
+        assert wait_for(lambda: status(url, "the-jupyter-token")[0] == 200, 30, "JupyterLab at the reported port")
+        assert ssh(tmp_path / "key", node.address, report["ssh_port"], "id -u").strip() == "1000"
+        assert len(callback.calls) == 1
+    finally:
+        squatter.kill()
+        squatter.wait()
 
 
 def _indices(gres_detail):

@@ -154,3 +154,67 @@ def test_deleting_an_account_removes_its_workspace_directory_on_the_clusters_sto
 
     assert not files.exists()
     assert AuditEntry.objects.filter(action="account.workspaces_removed", target_id=str(dora.pk)).exists()
+
+
+def _wait_in_thread(instance_id, seconds):
+    """SlurmDriver._until_reported in a thread of its own: (thread, {"reported": bool, "after": seconds,
+    "queries": how many the wait made})."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from provisioning.drivers.slurm import SlurmDriver
+
+    outcome = {"queries": 0}
+
+    def count(execute, sql, params, many, context):
+        outcome["queries"] += 1
+        return execute(sql, params, many, context)
+
+    def wait():
+        started = time.monotonic()
+        try:
+            with connection.execute_wrapper(count):
+                outcome["reported"] = SlurmDriver._until_reported(instance_id, seconds)
+            outcome["after"] = time.monotonic() - started
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_waiting_for_the_report_wakes_when_it_comes_not_at_its_next_look(client, submitted):
+    thread, outcome = _wait_in_thread(submitted.instance_id, 30)
+
+    report(client, submitted.instance_id, REPORT, callback_token(submitted.instance_id))
+    thread.join(35)
+
+    assert outcome["reported"] is True
+    assert outcome["after"] < 10, outcome
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_redis_the_start_still_sees_the_report(client, submitted, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    thread, outcome = _wait_in_thread(submitted.instance_id, 30)
+
+    report(client, submitted.instance_id, REPORT, callback_token(submitted.instance_id))
+    thread.join(35)
+
+    assert outcome["reported"] is True
+    assert outcome["after"] < 10, outcome
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_waiting_without_a_report_does_not_keep_reading_the_database(submitted):
+    # A burst of launches reading their job's row twenty times a second each took CPU from the jobs.
+    thread, outcome = _wait_in_thread(submitted.instance_id, 2)
+    thread.join(10)
+
+    assert outcome["reported"] is False
+    assert outcome["after"] < 5, outcome
+    assert outcome["queries"] <= 2, outcome

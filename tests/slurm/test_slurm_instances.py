@@ -6,6 +6,7 @@ DevCloud's back, a bad token, slurmrestd gone) ends in a state that is charged r
 import ast
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from django.urls import reverse
@@ -108,6 +109,24 @@ def test_it_runs_a_launch_as_a_slurm_job_and_stops_it_charged(
     charged = usage_charged(instance.id)
     assert charged >= 1
     assert balance_for(alice) == before - charged
+
+
+
+def test_a_stopped_instance_leaves_no_job_directory_behind_and_keeps_its_workspace(
+    alice, image, slurm_partition, slurm_cluster, lab_gateway, client
+):
+    give(alice, 10)
+    instance = provision(launch(alice))
+    cluster = slurm_partition.slurm_cluster
+    job_dir = Path(cluster.job_root) / str(job_of(instance.id).job_id)
+    assert (job_dir / "bundle" / "config.json").exists() and (job_dir / "home").is_dir()
+    run_in_kernel(lab_gateway, session_cookie_for(client, alice), instance.id, "open('kept.txt', 'w').write('mine')")
+
+    services.instance_stop(user=alice, instance_id=instance.id)
+
+    assert not job_dir.exists()
+    [workspace] = [path for path in Path(cluster.workspace_root).iterdir() if (path / "kept.txt").exists()]
+    assert (workspace / "kept.txt").read_text() == "mine"
 
 
 def test_eight_gpus_take_a_whole_node_and_two_one_gpu_instances_see_only_their_own(
@@ -251,6 +270,7 @@ def test_the_reconciler_cancels_a_stray_job_and_settles_one_cancelled_behind_its
     settled = Instance.objects.get(pk=instance.id)
     assert settled.state == Instance.State.FAILED
     assert "ended outside DevCloud" in settled.failure_reason
+    assert not (Path(slurm_partition.slurm_cluster.job_root) / str(job_of(instance.id).job_id)).exists()
 
 
 def test_a_bad_token_and_an_unreachable_slurmrestd_are_told_to_the_operator_and_charge_nothing(

@@ -57,8 +57,11 @@ def test_the_periodic_sync_puts_back_the_owners_keys(alice, keygen, ssh_as, laun
     key = keygen("alice-laptop")
     add_key(alice, key, "laptop")
     instance = launch(alice)
-    # Whatever the file holds now (a push that failed, a tenant who emptied it)...
-    ssh_as(key).run(instance.short_id, ": > ~/.ssh/authorized_keys")
+    # Whatever the file holds now (a push that failed or was lost; the tenant cannot write it)...
+    from portal.instances.start_spec import instance_ref
+    from provisioning.drivers import driver_for
+
+    assert driver_for(instance.host, "docker").authorized_keys_set(instance_ref(instance), "")
     assert ssh_as(key).direct(instance.driver_state["ssh_port"], "true").returncode == 255
 
     updated = services.push_all_keys()

@@ -24,9 +24,10 @@ def docker_client() -> docker.DockerClient:
     return docker.DockerClient(base_url=LOCAL_ENGINE, version="auto", timeout=60)
 
 
-def remove_portal_objects(portal_id: str) -> None:
-    """Removes every container, network and volume labelled devcloud.portal=<portal_id>."""
-    client = docker_client()
+def remove_portal_objects(portal_id: str, client: docker.DockerClient | None = None) -> None:
+    """Removes every container, network and volume labelled devcloud.portal=<portal_id> on the engine of
+    `client` (this machine's by default)."""
+    client = client or docker_client()
     label = {"label": f"devcloud.portal={portal_id}"}
     for container in client.containers.list(all=True, filters=label):
         container.remove(force=True)

@@ -9,6 +9,12 @@ Each host is what a remote MI300X host looks like to the portal:
   - it has its own data-root and exec-root, a copy of the 8x MI300X KFD tree under <host dir>/root/sys,
     and stand-in /dev/kfd and /dev/dri/renderD<minor> nodes under <host dir>/root/dev, owned by a
     non-root render group whose gid differs from host to host, mode 0660;
+  - where the kernel has XFS quotas, its engine's data root is a filesystem of its own that enforces
+    disk limits, as DevCloud asks of production hosts: a sparse image file, loop-mounted as XFS with
+    pquota (overlay2's `--storage-opt size` and the local volume driver's `size` both work). Elsewhere
+    it is a plain directory, and `add_host(filesystem="btrfs")` gives a host whose data root is btrfs
+    with the engine's btrfs storage driver (container writable layers are limited through qgroups;
+    size-limited volumes are not, and the engine refuses them);
   - its containers reach the network through the host's own address (masquerade, as dockerd does on a
     real host), and the host drops new connections from instance bridges (`dc-*`) to itself, the
     firewall rule containers/README.md asks operators of production hosts for.
@@ -73,6 +79,7 @@ REGISTRY_PORT = 5231
 # Host n's render group is gid 2300 + n: a different, non-root gid on every host, as on a real fleet.
 RENDER_GID_BASE = 2300
 TOOLS = {
+    "mkfs.xfs": "xfsprogs",
     "ip": "iproute2",
     "nsenter": "util-linux",
     "iptables": "iptables",
@@ -83,6 +90,8 @@ START_TIMEOUT = 60
 STOP_TIMEOUT = 30
 # Seconds a host's engine gets per API call from the clients this module makes.
 CLIENT_TIMEOUT = 60
+# Apparent size of a host's data-root image: sparse, so it takes only what the engine writes.
+DATA_ROOT_BYTES = 20 * 1024**3
 
 
 class FleetUnavailable(Exception):
@@ -295,6 +304,8 @@ class FleetHost:
     tls_client_cert: str
     tls_client_key: str
     _client_files: tuple[Path, Path, Path]
+    # The data root's own filesystem: "xfs" (with pquota), "btrfs", or "" (a directory of this machine's).
+    filesystem: str = ""
     _process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -319,6 +330,10 @@ class FleetHost:
     @property
     def data_root(self) -> Path:
         return self.directory / "data"
+
+    @property
+    def data_image(self) -> Path:
+        return self.directory / "data.img"
 
     @property
     def exec_root(self) -> Path:
@@ -391,6 +406,7 @@ class FleetHost:
             "--bridge", "none",
             "--iptables=false",
             "--ip-masq=false",
+            *(["--storage-driver", "btrfs"] if self.filesystem == "btrfs" else []),
         ]  # fmt: skip
 
     def _launch_dockerd(self) -> None:
@@ -594,13 +610,14 @@ class Fleet:
     def __exit__(self, *exc):
         self.stop()
 
-    def add_host(self) -> FleetHost:
-        """Starts one more host (a "newly added" machine: empty engine, own GPUs); returns it."""
+    def add_host(self, *, filesystem: str | None = None) -> FleetHost:
+        """Starts one more host (a "newly added" machine: empty engine, own GPUs); returns it. Its data
+        root is `filesystem` ("xfs", "btrfs" or "" for a directory), by default what the others have."""
         with self._lock:
             n = max((host.index for host in self.hosts), default=0) + 1
             if n > HOSTS_PER_SLOT:
                 raise ValueError(f"a fleet has at most {HOSTS_PER_SLOT} hosts")
-            host = self._host_start(n)
+            host = self._host_start(n, filesystem)
             self.hosts.append(host)
         return host
 
@@ -668,6 +685,8 @@ class Fleet:
             image = client.images.get(remote)
             local_repository, local_tag = reference.rsplit(":", 1)
             image.tag(local_repository, local_tag)
+            if host.filesystem == "btrfs":
+                _btrfs_roots_open(host)
             return client.images.get(reference)
         finally:
             client.close()
@@ -690,7 +709,7 @@ class Fleet:
             if ipaddress.ip_network(destination, strict=False).overlaps(ours):
                 raise FleetUnavailable(f"the route `{line}` overlaps the fleet's test subnet {ours}")
 
-    def _host_start(self, n: int) -> FleetHost:
+    def _host_start(self, n: int, filesystem: str | None = None) -> FleetHost:
         from provisioning.inventory import read_inventory
         from provisioning.localhost import standin_devices_make
 
@@ -722,6 +741,9 @@ class Fleet:
             tls_client_key=self.client_key_pem,
             _client_files=(client_dir / "ca.pem", client_dir / "cert.pem", client_dir / "key.pem"),
         )
+        host.filesystem = quota_filesystem() if filesystem is None else filesystem
+        if host.filesystem:
+            _data_root_mount(host.filesystem, host.data_image, host.data_root)
         self._network_up(host)
         host._launch_dockerd()
         host.wait_until_answering()
@@ -869,6 +891,58 @@ def _delete_in_background(path: Path) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+_quota_filesystem: str | None = None
+_quota_filesystem_lock = threading.Lock()
+
+
+def quota_filesystem() -> str:
+    """"xfs" when this kernel mounts XFS with project quotas (CONFIG_XFS_QUOTA), else ""; asked once per
+    process with a small probe image."""
+    global _quota_filesystem
+    with _quota_filesystem_lock:  # hosts start in parallel threads
+        if _quota_filesystem is None:
+            probe = FLEET_ROOT / f"xfs-probe-{os.getpid()}"
+            (probe / "mnt").mkdir(parents=True, exist_ok=True)
+            try:
+                _make_filesystem("xfs", probe / "img", 320 * 1024**2)
+                mount = _run("mount", "-o", "loop,pquota", str(probe / "img"), str(probe / "mnt"), check=False)
+                _quota_filesystem = "xfs" if mount.returncode == 0 else ""
+                if mount.returncode == 0:
+                    _run("umount", str(probe / "mnt"))
+            finally:
+                shutil.rmtree(probe, ignore_errors=True)
+        return _quota_filesystem
+
+
+def _make_filesystem(kind: str, image: Path, size: int) -> None:
+    with open(image, "wb") as handle:
+        handle.truncate(size)
+    _run(f"mkfs.{kind}", "-q", "-f", str(image))
+
+
+def _data_root_mount(kind: str, image: Path, data_root: Path) -> None:
+    """Makes a `kind` filesystem ("xfs" or "btrfs") in the sparse file `image` and loop-mounts it at
+    `data_root` (XFS with pquota). The loop device goes with the mount (autoclear), so stopping the fleet
+    only unmounts it."""
+    _make_filesystem(kind, image, DATA_ROOT_BYTES)
+    data_root.mkdir(parents=True, exist_ok=True)
+    _run("mount", "-o", "loop,pquota" if kind == "xfs" else "loop", str(image), str(data_root))
+    if kind == "btrfs":
+        # Removing a container with a big layer would otherwise switch qgroup accounting off, and with it
+        # every limit, until a rescan (the kernel skips accounting for subtree drops from level 3 up).
+        _run("btrfs", "quota", "enable", str(data_root))
+        uuid = _run("btrfs", "filesystem", "show", str(data_root)).stdout.split("uuid:", 1)[1].split()[0]
+        Path(f"/sys/fs/btrfs/{uuid}/qgroups/drop_subtree_threshold").write_text("8")
+
+
+def _btrfs_roots_open(host: "FleetHost") -> None:
+    """Docker 20.10's btrfs driver makes each layer's root directory mode 0700, so uid 1000 cannot even
+    stat /usr/bin/tini in a container; 0755, as on overlay2. Snapshots (the containers' layers) copy it."""
+    subvolumes = host.data_root / "btrfs" / "subvolumes"
+    for layer in subvolumes.iterdir() if subvolumes.is_dir() else ():
+        os.chmod(layer, 0o755)
 
 
 def _host_stop(directory: Path) -> None:

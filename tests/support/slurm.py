@@ -813,6 +813,9 @@ def check_machine() -> None:
                       if shutil.which(tool) is None})
     if missing:
         raise SlurmUnavailable(f"missing {', '.join(missing)}: scripts/test-services.sh installs them")
+    # slurmctld's auth/jwt (slurmrestd's tokens) is a package of its own in Debian 12.
+    if not list(Path("/usr/lib").glob("*/slurm-wlm/auth_jwt.so")):
+        raise SlurmUnavailable("slurmctld's auth/jwt plugin is missing: install the Debian package slurm-wlm-jwt-plugin")
     try:
         grp.getgrnam("render")
     except KeyError:

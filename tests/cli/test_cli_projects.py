@@ -1,0 +1,55 @@
+"""`devcloud projects` and `devcloud launch --project`, against a live portal with a real token."""
+
+import json
+
+import pytest
+
+from portal.api import services
+from portal.instances.models import Instance
+from portal.projects import services as project_services
+from portal.projects.models import ProjectMembership
+from tests.conftest import make_user
+from tests.projects.conftest import fund
+
+OK, REFUSED, USAGE, AUTH, CREDIT, SERVER = 0, 1, 2, 3, 4, 5
+
+
+@pytest.fixture
+def bob_in_vllm(devcloud, portal, alice, bob):
+    """bob, logged in, a member of alice's vllm (10 GPU-hours in its pool) with no credit of his own."""
+    vllm = project_services.project_create(user=alice, slug="vllm", name="vLLM")
+    ProjectMembership.objects.create(project=vllm, user=bob, role="member")
+    fund(vllm, 10)
+    token = services.token_create(user=bob, name="cli", scope="launch", days=1)[1]
+    assert devcloud("login", "--url", portal, "--token", token).returncode == OK
+    return vllm
+
+
+def test_projects_lists_mine_with_my_role_and_the_pool(devcloud, bob_in_vllm):
+    dave = make_user("dave@example.com")
+    project_services.project_create(user=dave, slug="triton", name="Triton")
+
+    listed = devcloud("projects")
+    as_json = json.loads(devcloud("projects", "--json").stdout)
+
+    assert listed.returncode == OK, listed.stderr
+    assert "vllm" in listed.stdout and "member" in listed.stdout and "10.00" in listed.stdout
+    assert "triton" not in listed.stdout
+    assert [row["slug"] for row in as_json] == ["vllm"]
+
+
+def test_launch_for_a_project_is_paid_from_its_pool(devcloud, bob_in_vllm, bob):
+    launched = devcloud("launch", "--size", "1x", "--image", "cpu", "--project", "vllm")
+
+    assert launched.returncode == OK, launched.stderr
+    assert "for vllm" in launched.stdout
+    assert Instance.objects.get(user=bob).project == bob_in_vllm
+
+
+def test_launch_for_a_project_i_am_not_in_is_refused_and_launches_nothing(devcloud, bob_in_vllm, bob):
+    make_user("dave@example.com")
+    result = devcloud("launch", "--size", "1x", "--image", "cpu", "--project", "triton", "--json")
+
+    assert result.returncode == REFUSED
+    assert json.loads(result.stdout)["error"]["status"] == 404
+    assert not Instance.objects.filter(user=bob).exists()
