@@ -153,7 +153,15 @@ class UserAdmin(BaseUserAdmin):
         "date_joined",
         "is_active",
     )
-    list_filter = (VerifiedFilter, GithubFilter, SuspendedFilter, "is_active", "is_staff", "is_superuser")
+    list_filter = (
+        VerifiedFilter,
+        GithubFilter,
+        SuspendedFilter,
+        "project_bot",
+        "is_active",
+        "is_staff",
+        "is_superuser",
+    )
     search_fields = ("email", "first_name", "last_name")
     ordering = ("-date_joined",)
     list_select_related = ("credit_account",)

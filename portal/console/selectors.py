@@ -199,10 +199,11 @@ class Signups:
 
 
 def signups(time_range: TimeRange) -> Signups:
-    """Accounts created per bucket, split by whether the account has a GitHub login."""
+    """Accounts created per bucket, split by whether the account has a GitHub login. A project's CI bot
+    account (portal/api/robots.py) is nobody signing up and is left out."""
     bucket = time_range.period_bucket
     rows = (
-        User.objects.filter(date_joined__gte=time_range.start, date_joined__lt=time_range.end)
+        User.objects.filter(date_joined__gte=time_range.start, date_joined__lt=time_range.end, project_bot=False)
         .annotate(
             bucket=Trunc("date_joined", bucket),
             github=Exists(UserSocialAuth.objects.filter(user=OuterRef("pk"), provider="github")),

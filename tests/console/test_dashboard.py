@@ -9,8 +9,10 @@ from django.utils import timezone
 from pytest_django.asserts import assertContains, assertNotContains
 from social_django.models import UserSocialAuth
 
+from portal.api.robots import project_bot
 from portal.console.models import CapacitySample
 from portal.credits import services as credit_services
+from portal.projects.services import project_create
 
 from ..conftest import make_user
 from .conftest import clock_at, launch, make_host
@@ -160,6 +162,15 @@ def test_it_splits_signups_by_email_and_github(olivia_client, history):
     assert (githubs, emails) == (1, 4)
     # old@ joined twenty days ago.
     assert "6 sign-ups: 5 by email" in chart(olivia_client.get(URL, {"range": "30d"}), "signups")
+
+
+def test_a_projects_ci_bot_account_is_not_counted_as_a_sign_up(olivia_client, history, alice):
+    project = project_create(user=alice, slug="tensor-tools", name="Tensor Tools")
+    project_bot(project)
+
+    svg = chart(olivia_client.get(URL, {"range": "24h"}), "signups")
+
+    assert "5 sign-ups: 4 by email, 1 with GitHub." in svg
 
 
 def test_it_plots_gpus_allocated_against_total_from_the_samples(olivia_client, history):
