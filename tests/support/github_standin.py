@@ -12,15 +12,14 @@ fixture starts the server and points the portal's settings at it; `standin.login
 the Django test client through the whole redirect dance with real HTTP between the two.
 """
 
-import json
 import secrets
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 import requests
+
+from tests.support.standin_server import JsonHandler, StandinServer
 
 CLIENT_ID = "standin-client-id"
 CLIENT_SECRET = "standin-client-secret"
@@ -82,7 +81,7 @@ class _Issued:
     tokens: set = field(default_factory=set)
 
 
-class GithubStandin:
+class GithubStandin(StandinServer):
     """The server. `url` is its base URL; `requests_seen` lists (method, path) in arrival order."""
 
     def __init__(self, *, client_id: str = CLIENT_ID, client_secret: str = CLIENT_SECRET):
@@ -93,29 +92,7 @@ class GithubStandin:
         )
         self.requests_seen: list[tuple[str, str]] = []
         self._issued = _Issued()
-        self._lock = threading.Lock()
-        self._stopped = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="github-standin", daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> "GithubStandin":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop answering; afterwards connections to `url` are refused. Safe to call twice."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        super().__init__(_handler_for(self), name="github-standin")
 
     def paths_seen(self) -> list[str]:
         with self._lock:
@@ -177,17 +154,8 @@ class GithubStandin:
 
 
 def _handler_for(standin: GithubStandin):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format, *args):  # keep test output quiet
-            pass
-
-        def _json(self, status: int, body) -> None:
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=utf-8")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+    class Handler(JsonHandler):
+        json_content_type = "application/json; charset=utf-8"
 
         def _record(self) -> tuple[str, dict]:
             parts = urlsplit(self.path)

@@ -11,13 +11,10 @@ the RSA key by a new one with a new kid, `outsider_token()` signs with a key it 
 `requests_seen` lists the paths asked for, in arrival order. The `oidc_issuer` fixture starts one per test.
 """
 
-import json
 import secrets
-import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
 import jwt
@@ -25,6 +22,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from portal.lib import oidc
+from tests.support.standin_server import JsonHandler, StandinServer
 
 DEFAULT_REPOSITORY = "octo-org/gpu-project"
 DEFAULT_AUDIENCE = "https://devcloud.example.com"
@@ -53,7 +51,7 @@ class SigningKey:
         return {**jwk, "kid": self.kid, "alg": self.algorithm, "use": "sig"}
 
 
-class OidcIssuer:
+class OidcIssuer(StandinServer):
     """The server. `url` is its issuer URL (the `iss` of its tokens)."""
 
     def __init__(self):
@@ -64,11 +62,7 @@ class OidcIssuer:
         # The runner's side: the bearer a job's request must carry, and the claims of the run it names.
         self.actions_request_token = secrets.token_urlsafe(16)
         self.actions_claims: dict = {}
-        self._lock = threading.Lock()
-        self._stopped = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="oidc-issuer", daemon=True)
+        super().__init__(_handler_for(self), name="oidc-issuer")
 
     def actions_environment(self, **claims) -> dict:
         """The environment a GitHub Actions job with `permissions: id-token: write` gets, for a run whose
@@ -78,24 +72,6 @@ class OidcIssuer:
             "ACTIONS_ID_TOKEN_REQUEST_URL": f"{self.url}{ACTIONS_TOKEN_PATH}?api-version=2.0",
             "ACTIONS_ID_TOKEN_REQUEST_TOKEN": self.actions_request_token,
         }
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> "OidcIssuer":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop answering; afterwards connections to `url` are refused. Safe to call twice."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
     def published_keys(self) -> list[SigningKey]:
         with self._lock:
@@ -170,18 +146,7 @@ ACTIONS_TOKEN_PATH = "/github-actions/id-token"
 
 
 def _handler_for(issuer: OidcIssuer):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format, *args):  # keep test output quiet
-            pass
-
-        def _json(self, status: int, body) -> None:
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
+    class Handler(JsonHandler):
         def do_GET(self):
             with issuer._lock:
                 issuer.requests_seen.append(self.path)
