@@ -231,8 +231,9 @@ class InstanceSerializer(serializers.Serializer):
 
 class ExtendSerializer(serializers.Serializer):
     hours = serializers.IntegerField(
-        min_value=1, help_text="Hours to add to the session; all extensions of one session together may "
-        "add at most SESSION_MAX_EXTENSION_HOURS."
+        min_value=1,
+        help_text="Hours to add to the session; all extensions of one session together may "
+        "add at most SESSION_MAX_EXTENSION_HOURS.",
     )
 
 
@@ -295,6 +296,18 @@ class ProjectDetailSerializer(ProjectSerializer):
         many=True, allow_null=True, help_text="Everyone in the project; null unless you are an owner."
     )
     live_instances = serializers.IntegerField()
+
+
+class ProjectInvitationSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    email = serializers.EmailField(help_text="Who is invited: they accept signed in with this address.")
+    role = serializers.ChoiceField(choices=["member", "owner"], default="member")
+    created_at = serializers.DateTimeField(read_only=True)
+    expires_at = serializers.DateTimeField(read_only=True)
+
+
+class ProjectRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["member", "owner"])
 
 
 class RobotTokenSerializer(serializers.Serializer):

@@ -20,6 +20,13 @@ urlpatterns = [
     path("v1/projects", views.projects, name="projects"),
     path("v1/projects/<str:slug>", views.project_detail, name="project"),
     path("v1/projects/<str:slug>/tokens", views.project_tokens, name="project_tokens"),
+    path("v1/projects/<str:slug>/invitations", views.project_invitations, name="project_invitations"),
+    path(
+        "v1/projects/<str:slug>/invitations/<int:invitation_id>",
+        views.project_invitation_revoke,
+        name="project_invitation",
+    ),
+    path("v1/projects/<str:slug>/members/<int:user_id>", views.project_member, name="project_member"),
     path("v1/projects/<str:slug>/ci-grant-application", views.project_ci_grant, name="project_ci_grant"),
     path("v1/projects/<str:slug>/tokens/<int:token_id>", views.project_token_revoke, name="project_token"),
     path("v1/projects/<str:slug>/trusted-publishers", views.project_trust, name="project_trust"),

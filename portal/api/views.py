@@ -51,7 +51,10 @@ from .serializers import (
     OidcSettingsSerializer,
     ProblemSerializer,
     ProjectDetailSerializer,
+    ProjectInvitationSerializer,
     ProjectLimitsSerializer,
+    ProjectMemberSerializer,
+    ProjectRoleSerializer,
     ProjectSerializer,
     RobotTokenCreatedSerializer,
     RobotTokenCreateSerializer,
@@ -345,7 +348,9 @@ def project_detail(request, slug):
     project = project_selectors.project_of_member(request.user, slug)
     if request.method == "PATCH":
         if not isinstance(request.data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["Send a JSON object of the limits to change."]})
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Send a JSON object of the limits to change."]}
+            )
         current = ProjectLimitsSerializer(project).data
         limits = ProjectLimitsSerializer(data={**current, **request.data})
         limits.is_valid(raise_exception=True)
@@ -353,6 +358,79 @@ def project_detail(request, slug):
         project_services.project_limits_update(user=request.user, project=project, **changes)
         project = project_selectors.project_of_member(request.user, slug)
     return Response(_project_detail(project))
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="projects_invitations_list",
+    responses=_responses({200: ProjectInvitationSerializer(many=True)}, 403, 404),
+    tags=["projects"],
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="projects_invite",
+    request=ProjectInvitationSerializer,
+    responses=_responses({201: ProjectInvitationSerializer}, 400, 403, 404, 415),
+    tags=["projects"],
+)
+@api_view(["GET", "POST"])
+def project_invitations(request, slug):
+    """Owners only. GET: the open invitations. POST: invite an email address as a member or an owner;
+    the invitation goes out by email and is accepted by its invitee, signed in with that address."""
+    project = project_selectors.project_of_member(request.user, slug)
+    if request.method == "GET":
+        if not project_selectors.is_owner(project):
+            raise PermissionDenied("Only an owner of the project may see its invitations.")
+        return Response(
+            ProjectInvitationSerializer(project_selectors.pending_invitations(project), many=True).data
+        )
+    body = _body(ProjectInvitationSerializer, request)
+    invitation = project_services.project_invite(user=request.user, project=project, **body)
+    return Response(ProjectInvitationSerializer(invitation).data, status=201)
+
+
+@extend_schema(
+    operation_id="projects_invitation_revoke",
+    request=None,
+    responses=_responses({204: None}, 403, 404),
+    tags=["projects"],
+)
+@api_view(["DELETE"])
+def project_invitation_revoke(request, slug, invitation_id):
+    """Owners only: withdraw an open invitation; its link stops working at once."""
+    project = project_selectors.project_of_member(request.user, slug)
+    project_services.invitation_revoke(user=request.user, project=project, invitation_id=invitation_id)
+    return Response(status=204)
+
+
+@extend_schema(
+    methods=["PATCH"],
+    operation_id="projects_member_role",
+    request=ProjectRoleSerializer,
+    responses=_responses({200: ProjectMemberSerializer}, 400, 403, 404, 415),
+    tags=["projects"],
+)
+@extend_schema(
+    methods=["DELETE"],
+    operation_id="projects_member_remove",
+    request=None,
+    responses=_responses({204: None}, 400, 403, 404),
+    tags=["projects"],
+)
+@api_view(["PATCH", "DELETE"])
+def project_member(request, slug, user_id):
+    """PATCH: an owner makes a member an owner, or an owner a member. DELETE: an owner removes a member,
+    or a member leaves (their own id). The project instances the member launched stop at once; their
+    own instances are left alone. A project always keeps an owner."""
+    project = project_selectors.project_of_member(request.user, slug)
+    if request.method == "PATCH":
+        body = _body(ProjectRoleSerializer, request)
+        membership = project_services.member_role_change(
+            user=request.user, project=project, member_id=user_id, role=body["role"]
+        )
+        return Response(ProjectMemberSerializer(membership).data)
+    project_services.member_remove(user=request.user, project=project, member_id=user_id)
+    return Response(status=204)
 
 
 # --- Robot tokens and keyless CI sign-in -----------------------------------------------------------
@@ -385,7 +463,10 @@ def project_tokens(request, slug):
 
 
 @extend_schema(
-    operation_id="projects_tokens_revoke", request=None, responses=_responses({204: None}, 403, 404), tags=["projects"]
+    operation_id="projects_tokens_revoke",
+    request=None,
+    responses=_responses({204: None}, 403, 404),
+    tags=["projects"],
 )
 @api_view(["DELETE"])
 def project_token_revoke(request, slug, token_id):
@@ -421,7 +502,10 @@ def project_trust(request, slug):
 
 
 @extend_schema(
-    operation_id="projects_trust_remove", request=None, responses=_responses({204: None}, 403, 404), tags=["projects"]
+    operation_id="projects_trust_remove",
+    request=None,
+    responses=_responses({204: None}, 403, 404),
+    tags=["projects"],
 )
 @api_view(["DELETE"])
 def project_trust_remove(request, slug, publisher_id):
@@ -507,7 +591,9 @@ def oidc_token(request):
     except oidc.OidcRefused as refused:
         return problems.problem(403, "ci-signin-refused", "CI sign-in refused", str(refused))
     return Response(
-        CiSigninAnswerSerializer({"token": text, "expires_at": token.expires_at, "project": token.project.slug}).data,
+        CiSigninAnswerSerializer(
+            {"token": text, "expires_at": token.expires_at, "project": token.project.slug}
+        ).data,
         status=201,
     )
 

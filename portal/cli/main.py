@@ -255,6 +255,102 @@ def projects(ctx):
     emit(ctx, rows, table if rows else "You are in no project. An owner of one can invite you.")
 
 
+@cli.group()
+def project():
+    """A project's people: invite, list, change roles, remove, leave."""
+
+
+def _member_id(client: Api, slug: str, email: str) -> int:
+    """The user id of the project's member with `email` (owners see the members)."""
+    members = client.get(f"/projects/{slug}").get("members")
+    if members is None:
+        client.fail(f"Only an owner of {slug} sees its members.", REFUSED)
+    for member in members:
+        if member["email"].lower() == email.strip().lower():
+            return member["user_id"]
+    client.fail(f"{email} is not a member of {slug}. `devcloud project members {slug}` lists them.", REFUSED)
+
+
+@project.command("members")
+@click.argument("slug")
+@json_option
+@click.pass_context
+def project_members(ctx, slug):
+    """SLUG's members and open invitations (owners only)."""
+    client = api(ctx)
+    detail = client.get(f"/projects/{slug}")
+    if detail.get("members") is None:
+        client.fail(f"Only an owner of {slug} sees its members.", REFUSED)
+    invitations = client.get(f"/projects/{slug}/invitations")
+    rows = [[m["email"], m["role"], m["joined_at"][:10]] for m in detail["members"]]
+    rows += [[i["email"], f"{i['role']} (invited)", f"until {i['expires_at'][:10]}"] for i in invitations]
+    emit(
+        ctx,
+        {"members": detail["members"], "invitations": invitations},
+        _table(rows, ["EMAIL", "ROLE", "SINCE"]),
+    )
+
+
+@project.command("invite")
+@click.argument("slug")
+@click.argument("email")
+@click.option("--owner", is_flag=True, help="Invite as an owner (default: a member).")
+@json_option
+@click.pass_context
+def project_invite(ctx, slug, email, owner):
+    """Invite EMAIL to SLUG; they accept from the email, signed in with that address."""
+    role = "owner" if owner else "member"
+    invitation = api(ctx).request(
+        "POST", f"/projects/{slug}/invitations", json={"email": email, "role": role}
+    )
+    emit(
+        ctx,
+        invitation,
+        f"Invited {invitation['email']} to {slug} as {role}. The invitation, sent by email, is open until "
+        f"{invitation['expires_at'][:10]}.",
+    )
+
+
+@project.command("uninvite")
+@click.argument("slug")
+@click.argument("email")
+@click.pass_context
+def project_uninvite(ctx, slug, email):
+    """Withdraw the open invitation of EMAIL to SLUG; its link stops working."""
+    client = api(ctx)
+    for invitation in client.get(f"/projects/{slug}/invitations"):
+        if invitation["email"] == email.strip().lower():
+            client.request("DELETE", f"/projects/{slug}/invitations/{invitation['id']}")
+            click.echo(f"Withdrew the invitation of {invitation['email']} to {slug}.")
+            return
+    client.fail(f"{email} has no open invitation to {slug}.", REFUSED)
+
+
+@project.command("role")
+@click.argument("slug")
+@click.argument("email")
+@click.argument("role", type=click.Choice(["member", "owner"]))
+@click.pass_context
+def project_role(ctx, slug, email, role):
+    """Make the member EMAIL of SLUG an owner or a member. A project always keeps an owner."""
+    client = api(ctx)
+    client.request(
+        "PATCH", f"/projects/{slug}/members/{_member_id(client, slug, email)}", json={"role": role}
+    )
+    click.echo(f"{email} is now {'an owner' if role == 'owner' else 'a member'} of {slug}.")
+
+
+@project.command("remove")
+@click.argument("slug")
+@click.argument("email")
+@click.pass_context
+def project_remove(ctx, slug, email):
+    """Remove EMAIL from SLUG: the project instances they launched stop now; their own are left alone."""
+    client = api(ctx)
+    client.request("DELETE", f"/projects/{slug}/members/{_member_id(client, slug, email)}")
+    click.echo(f"Removed {email} from {slug}; the project's instances they launched are stopping.")
+
+
 # Beyond --timeout, the portal's own deadline for a run: late enough that the CLI stops the instance and
 # says why first, soon enough that a run whose CLI was killed does not burn credit for long.
 RUN_SERVER_GRACE_SECONDS = 60
