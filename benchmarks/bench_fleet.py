@@ -103,7 +103,9 @@ class PlainRun:
         return time.perf_counter() - started
 
     def remove_all(self) -> None:
-        for container in self.client.containers.list(all=True, filters={"label": self.label}):
+        for container in self.client.containers.list(
+            all=True, ignore_removed=True, filters={"label": self.label}
+        ):
             container.remove(force=True)
         for network in self.client.networks.list(filters={"label": self.label}):
             network.remove()

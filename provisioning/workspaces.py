@@ -406,7 +406,7 @@ def workspace_prepare(*, host, owner_id, image_reference: str, progress=None, li
             # Two host rows for one engine: the volume is already here.
             _point(workspace, host=host, n_bytes=workspace.bytes)
             return "here"
-        in_use = source_client.containers.list(all=True, filters={"volume": volume})
+        in_use = source_client.containers.list(all=True, sparse=True, filters={"volume": volume})
         source_image = helper_image(source_client, image_reference)
     except UNREADABLE as error:
         logger.warning("Workspace of user %s on %s cannot be read: %s", owner_id, source.name, error)

@@ -90,9 +90,14 @@ def wait_for_state(instance_id, *states, timeout: float = 90) -> Instance:
 
 
 def containers_of(instance_id) -> list:
-    """The instance's containers on the engine, running or not (by exact name)."""
+    """The instance's containers on the engine, running or not (by exact name). One that goes between
+    the engine's list and its inspection (a start tried again) is not counted."""
     name = container_name(instance_id)
-    return [c for c in docker_client().containers.list(all=True, filters={"name": name}) if c.name == name]
+    return [
+        c
+        for c in docker_client().containers.list(all=True, ignore_removed=True, filters={"name": name})
+        if c.name == name
+    ]
 
 
 def live_minors(instance_id) -> list[int]:

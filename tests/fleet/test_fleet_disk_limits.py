@@ -72,7 +72,7 @@ def portal(disk_host, settings):
     settings.DEVCLOUD_DISK_LIMITS = "enforce"
     yield portal_id
     client = disk_host.client()
-    for container in client.containers.list(all=True, filters={"label": HELPER_LABEL}):
+    for container in client.containers.list(all=True, ignore_removed=True, filters={"label": HELPER_LABEL}):
         container.remove(force=True)
     remove_portal_objects(portal_id, client)
     client.close()
@@ -162,7 +162,10 @@ def test_a_workspace_never_outgrows_its_limit(disk_host, launch, settings, porta
     assert "XFS" in instance.failure_reason and "DEVCLOUD_DISK_LIMITS=warn" in instance.failure_reason
     client = disk_host.client()
     assert client.volumes.list(filters={"name": volume_name(instance.user.workspace_key.hex)}) == []
-    assert client.containers.list(all=True, filters={"label": f"devcloud.portal={portal}"}) == []
+    assert (
+        client.containers.list(all=True, ignore_removed=True, filters={"label": f"devcloud.portal={portal}"})
+        == []
+    )
 
 
 def test_under_warn_it_starts_without_the_limit_and_records_that(disk_host, launch, settings):

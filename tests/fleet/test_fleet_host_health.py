@@ -44,7 +44,7 @@ def portal(fleet, settings):
         host.restart()
         client = host.client()
         label = {"label": f"devcloud.portal={portal_id}"}
-        for container in client.containers.list(all=True, filters=label):
+        for container in client.containers.list(all=True, ignore_removed=True, filters=label):
             container.remove(force=True)
         for network in client.networks.list(filters=label):
             network.remove()
@@ -156,7 +156,10 @@ def test_a_killed_hosts_instance_is_charged_up_to_its_last_heartbeat_and_its_lau
     assert doomed.state == GpuHost.State.ACTIVE
     # The reconcile that came with it removed the container the stopped instance left there.
     client = fleet_host(fleet, doomed).client()
-    assert client.containers.list(all=True, filters={"name": container_name(running.id)}) == []
+    assert (
+        client.containers.list(all=True, ignore_removed=True, filters={"name": container_name(running.id)})
+        == []
+    )
     assert paid(alice) == charged_before_restart
     running.refresh_from_db()
     assert running.state == Instance.State.STOPPED

@@ -40,7 +40,9 @@ def portal(fleet, settings):
     for host in fleet.hosts:
         host.restart()
         client = host.client()
-        for container in client.containers.list(all=True, filters={"label": workspaces.HELPER_LABEL}):
+        for container in client.containers.list(
+            all=True, ignore_removed=True, filters={"label": workspaces.HELPER_LABEL}
+        ):
             container.remove(force=True)
         remove_portal_objects(portal_id, client)
         client.close()
@@ -121,7 +123,7 @@ def volumes_of(fleet, host: GpuHost, portal_id: str) -> list[str]:
 def containers_of(fleet, host: GpuHost, portal_id: str) -> list[str]:
     client = fleet_host(fleet, host).client()
     label = {"label": f"devcloud.portal={portal_id}"}
-    return [c.name for c in client.containers.list(all=True, filters=label)]
+    return [c.name for c in client.containers.list(all=True, ignore_removed=True, filters=label)]
 
 
 def test_it_brings_a_file_written_on_one_host_to_the_next_launch_on_the_other(

@@ -50,7 +50,11 @@ def launch(alice, host, cpu_image):
 
 def containers_of(instance) -> list:
     name = container_name(instance.id)
-    return [c for c in docker_client().containers.list(all=True, filters={"name": name}) if c.name == name]
+    return [
+        c
+        for c in docker_client().containers.list(all=True, ignore_removed=True, filters={"name": name})
+        if c.name == name
+    ]
 
 
 def test_it_launches_to_ready_and_stops_on_the_real_engine(launch):

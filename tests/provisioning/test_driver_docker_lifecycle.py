@@ -43,7 +43,11 @@ def one_gpu(host, minor=128):
 
 
 def containers_named(name):
-    return [c for c in docker_client().containers.list(all=True, filters={"name": name}) if c.name == name]
+    return [
+        c
+        for c in docker_client().containers.list(all=True, ignore_removed=True, filters={"name": name})
+        if c.name == name
+    ]
 
 
 def test_it_answers_jupyter_status_only_with_the_token(docker_portal, alice, host, image):

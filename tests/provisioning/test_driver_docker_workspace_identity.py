@@ -156,7 +156,12 @@ def test_a_volume_labelled_for_another_owner_refuses_the_launch_and_is_left_unto
     entry = AuditEntry.objects.get(action="workspace.mount_refused")
     assert entry.target_id == str(bob.pk) and planted in entry.reason
     assert docker_client().volumes.get(planted).attrs["Labels"] == alices
-    assert docker_client().containers.list(all=True, filters={"name": container_name(instance.id)}) == []
+    assert (
+        docker_client().containers.list(
+            all=True, ignore_removed=True, filters={"name": container_name(instance.id)}
+        )
+        == []
+    )
 
 
 def test_a_volume_of_another_install_with_this_persons_name_is_refused(installs, db, alice, host, image):

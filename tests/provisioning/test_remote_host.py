@@ -78,7 +78,9 @@ def remote_host(db, docker_portal, cpu_image, host_engine_mtls, host_root):
 
 def helper_containers(portal_id):
     return docker_client().containers.list(
-        all=True, filters={"label": ["devcloud.helper=hostfs", f"devcloud.portal={portal_id}"]}
+        all=True,
+        ignore_removed=True,
+        filters={"label": ["devcloud.helper=hostfs", f"devcloud.portal={portal_id}"]},
     )
 
 

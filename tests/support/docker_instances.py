@@ -29,7 +29,7 @@ def remove_portal_objects(portal_id: str, client: docker.DockerClient | None = N
     `client` (this machine's by default)."""
     client = client or docker_client()
     label = {"label": f"devcloud.portal={portal_id}"}
-    for container in client.containers.list(all=True, filters=label):
+    for container in client.containers.list(all=True, ignore_removed=True, filters=label):
         container.remove(force=True)
     for network in client.networks.list(filters=label):
         network.remove()
