@@ -20,7 +20,7 @@ from provisioning.selectors import (
 )
 from provisioning.shares import SizeResources, size_resources
 
-from . import entitlements, sessions
+from . import entitlements, queue, sessions
 from .models import Image, Instance, LaunchPolicy
 from .sizes import SIZES, Size
 from .stop_reasons import StopReason
@@ -486,11 +486,9 @@ def credits_exhausted_notice(user, *, instances: list[Instance] | None = None) -
 
 
 def queue_position(instance: Instance) -> int | None:
-    if instance.state != Instance.State.QUEUED:
-        return None
-    from provisioning import scheduler
-
-    return scheduler.queue_position(instance)
+    """1-based place of a queued instance in the queue's fair-share order; None if not queued."""
+    place = queue.place_of(instance)
+    return place.position if place else None
 
 
 def runs_on_simulated_gpus(instance: Instance) -> bool:
