@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import User
@@ -226,3 +227,21 @@ def test_the_place_and_why_each_person_reads_are_the_order_start_queued_starts(
     assert [told[i.pk][0] for i in started] == [1, 2, 3]
     assert provisions == [str(i.pk) for i in started]
 
+
+def test_the_instance_page_and_its_status_tell_the_owner_their_place_and_why(bob, charlie, cpu, bob_client):
+    fake.make_host("gpu-01", gpus=1)
+    used(bob, cpu, gpu_hours=12.5)
+    heavy = queued(bob, cpu, minutes_ago=30)
+    queued(charlie, cpu, minutes_ago=5)
+
+    page = bob_client.get(reverse("instances:detail", args=[heavy.id])).content.decode()
+    status = bob_client.get(reverse("instances:status", args=[heavy.id])).json()
+
+    why = (
+        "2nd in line: you used 12.5 GPU-hours in the last 7 days with share 1. "
+        "1 launch is ahead: 1 from people who used less for their share."
+    )
+    assert status["queue_position"] == 2 and status["queue_reason"] == why
+    assert "number <strong>2</strong> in the queue" in page
+    assert why in page
+    assert status["estimate_basis"] and status["estimate_basis"] in page.replace("&#x27;", "'")
