@@ -28,16 +28,17 @@ rows in place of the two columns.
 allocate() is plain SQL: it runs for every launch, and building the equivalent querysets cost more than
 the queries themselves (benchmarks/bench_scheduler.py).
 
-The queue: an instance that gets no GPUs stays QUEUED. Queued launches start in FIFO order of created_at
-(see next_queued for how 8x launches at the head are kept from starving).
+The queue: an instance that gets no GPUs stays QUEUED. Queued launches start in the order the caller
+hands to next_queued (the instance lifecycle's fair share, portal/instances/queue.py; FIFO by created_at
+without one), and plan_queued keeps 8x launches from starving in that order.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from portal.instances.models import Image, Instance
@@ -302,16 +303,6 @@ def _queued():
     return Instance.objects.filter(state=Instance.State.QUEUED).order_by("created_at", "id")
 
 
-def queue_position(instance: Instance) -> int | None:
-    """1-based place of a queued instance among all queued launches, oldest first; None if not queued."""
-    if instance.state != Instance.State.QUEUED:
-        return None
-    ahead = Instance.objects.filter(state=Instance.State.QUEUED).filter(
-        Q(created_at__lt=instance.created_at) | Q(created_at=instance.created_at, id__lt=instance.id)
-    )
-    return ahead.count() + 1
-
-
 @dataclass(frozen=True)
 class QueuedLaunch:
     """A queued instance to try now, and how: pass reserve_whole_hosts on to allocate()."""
@@ -325,23 +316,32 @@ def eightx_max_wait() -> timedelta:
     return timedelta(seconds=getattr(settings, "SCHEDULER_8X_MAX_WAIT_SECONDS", 600))
 
 
-def next_queued(*, limit: int = 100, now=None) -> list[QueuedLaunch]:
+def next_queued(*, limit: int = 100, now=None, order: Iterable[Instance] | None = None) -> list[QueuedLaunch]:
     """The queued launches the "start queued launches" task should try, in the order to try them.
 
-    FIFO by created_at, with bounded backfill so that neither size starves:
-    - Launches ahead of the oldest queued 8x are tried normally.
+    `order` is the queue as the caller ranks it (the instance lifecycle's fair share, which reads people's
+    use and shares that the fleet does not know); without it, FIFO by created_at. plan_queued() then keeps
+    8x launches from starving. Returns at most `limit` entries.
+    """
+    ranked = _queued()[:limit] if order is None else list(order)[:limit]
+    return plan_queued(ranked, now=now or timezone.now())
+
+
+def plan_queued(ranked: Iterable, *, now) -> list[QueuedLaunch]:
+    """`ranked` queued launches (anything with .size and .created_at), in the order to try them, with
+    bounded backfill so that neither size starves:
+    - Launches ahead of the first 8x in the order are tried normally.
     - Behind a waiting 8x, 1x launches may still start, but only on partly used hosts
       (reserve_whole_hosts=True): a host that frees up entirely is kept for the 8x. Later 8x launches
-      are listed too; they can only ever take a whole free host, after the older 8x has had its try.
-    - Once the oldest queued 8x has waited longer than SCHEDULER_8X_MAX_WAIT_SECONDS (default 600),
-      nothing behind it is listed: strict FIFO until it starts, so partly used hosts drain as their
-      instances stop instead of being refilled by 1x backfill forever.
-    Returns at most `limit` entries.
+      are listed too; they can only ever take a whole free host, after the first 8x has had its try.
+    - Once that 8x has waited longer than SCHEDULER_8X_MAX_WAIT_SECONDS (default 600), nothing behind it
+      is listed: it goes next, so partly used hosts drain as their instances stop instead of being
+      refilled by 1x backfill forever.
+    Pure: the fair-share benchmark runs it on simulated launches.
     """
-    now = now or timezone.now()
     launches = []
     waiting_8x = None
-    for instance in _queued()[:limit]:
+    for instance in ranked:
         if waiting_8x is not None and now - waiting_8x.created_at > eightx_max_wait():
             break
         launches.append(QueuedLaunch(instance=instance, reserve_whole_hosts=waiting_8x is not None))

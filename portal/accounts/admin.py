@@ -23,7 +23,7 @@ from portal.instances.selectors import stop_reason_text
 from portal.instances.sizes import SIZES
 
 from . import services
-from .models import SshKey, User
+from .models import SshKey, User, share_text
 
 # How many of a user's instances their page lists; the rest are one link away.
 INSTANCE_PREVIEW_ROWS = 50
@@ -173,6 +173,7 @@ class UserAdmin(BaseUserAdmin):
         "ledger",
         "suspension",
         "launch_access",
+        "queue_share_display",
         "instances_table",
         "last_login",
         "date_joined",
@@ -186,6 +187,7 @@ class UserAdmin(BaseUserAdmin):
         ("Identity", {"fields": ("email_verified_at", "pending_email", "github_login", "deleted_at")}),
         ("Credits", {"fields": ("balance", "bonus_collected", "adjust", "ledger")}),
         ("Instances", {"fields": ("instances_table",)}),
+        ("Queue", {"fields": ("queue_share_display",)}),
         ("Permissions", {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
         ("Important dates", {"fields": ("last_login", "date_joined")}),
     )
@@ -302,6 +304,16 @@ class UserAdmin(BaseUserAdmin):
             reverse("admin:instances_launchpolicy_changelist"),
         )
 
+    @admin.display(description="Share of the queue")
+    def queue_share_display(self, user):
+        return format_html(
+            '<p data-testid="queue-share">Share {}: their GPU use in the fair-share window is divided by it '
+            "when the queue is ordered (1 is everyone's default).</p>"
+            '<a class="button" href="{}">Change share</a>',
+            share_text(user.queue_share),
+            reverse("admin:accounts_user_queue_share", args=[user.pk]),
+        )
+
     @admin.display(description="Instances (latest first)")
     def instances_table(self, user):
         return instances_table(user)
@@ -321,6 +333,7 @@ class UserAdmin(BaseUserAdmin):
             view(self.suspend_view, "suspend"),
             view(self.unsuspend_view, "unsuspend"),
             view(self.launch_sizes_view, "launch-sizes"),
+            view(self.queue_share_view, "queue-share"),
         ] + super().get_urls()
 
     def _target(self, request, user_id, *, permission) -> User:
@@ -436,6 +449,37 @@ class UserAdmin(BaseUserAdmin):
             request, target, form=form, title="Open or close sizes", intro=intro, submit="Save sizes"
         )
 
+    def queue_share_view(self, request, user_id):
+        """Set one user's share of the queue. The operator action that opens sizes (who gets what of the
+        fleet) holds it too, so it needs no permission of its own."""
+        target = self._target(request, user_id, permission="console.open_launch_sizes")
+        form = QueueShareForm(
+            request.POST or None,
+            initial={"share": share_text(target.queue_share)},
+            reason_help="Kept in the audit log.",
+        )
+        if request.method == "POST" and self._run(
+            request,
+            target,
+            form,
+            lambda data: services.user_queue_share_set(
+                user=target, actor=request.user, share=data["share"], reason=data["reason"]
+            ),
+        ):
+            target.refresh_from_db()
+            self.message_user(
+                request, f"{target.email}'s share is now {share_text(target.queue_share)}.", messages.SUCCESS
+            )
+            return redirect("admin:accounts_user_change", target.pk)
+        intro = (
+            f"Their share is {share_text(target.queue_share)}. The queue orders waiting launches by each person's GPU use "
+            "in the fair-share window divided by their share: 2 queues them as if they had used half as much, "
+            "0.5 as if twice as much."
+        )
+        return self._action_page(
+            request, target, form=form, title="Change share", intro=intro, submit="Save share"
+        )
+
 
 class ReasonForm(forms.Form):
     reason = forms.CharField(
@@ -458,6 +502,12 @@ class LaunchSizesForm(ReasonForm):
         help_text="Leave all unticked to close every extra size again.",
     )
     field_order = ["sizes", "reason"]
+
+
+class QueueShareForm(ReasonForm):
+    # Text, not a number field: the service says what is wrong with a bad share in words.
+    share = forms.CharField(label="Share", max_length=20, help_text="From 0.01 to 9999.99; 1 is the default.")
+    field_order = ("share", "reason")
 
 
 def instances_table(user) -> str:

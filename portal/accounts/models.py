@@ -1,7 +1,9 @@
 import hashlib
 import uuid
+from decimal import Decimal
 
 from django.contrib.auth.models import AbstractUser, BaseUserManager
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 
@@ -21,6 +23,11 @@ def normalise_email(email: str) -> str:
 def email_fingerprint(email: str) -> str:
     """A one-way digest of the normalised address, kept after the account (and its address) is gone."""
     return hashlib.sha256(normalise_email(email).encode()).hexdigest()
+
+
+def share_text(share: Decimal) -> str:
+    """A queue share for people: '1', '2.5', '0.25'."""
+    return f"{Decimal(share).normalize():f}"
 
 
 class UserManager(BaseUserManager):
@@ -77,6 +84,16 @@ class User(AbstractUser):
     # The account a project's robot tokens and keyless CI sign-ins act as (Project.bot): it has no
     # password and is never emailed, and what it launches is paid from its project's pool.
     project_bot = models.BooleanField(default=False)
+    # This person's weight in the queue's fair share (portal/instances/queue.py): their recent GPU use is
+    # divided by it, so a share of 2 queues as if they had used half as much. Operators set it.
+    queue_share = models.DecimalField(
+        max_digits=6,
+        decimal_places=2,
+        default=1,
+        validators=[MinValueValidator(Decimal("0.01"))],
+        help_text="Weight in the queue's fair share (default 1): recent GPU use is divided by it, so 2 "
+        "queues this person as if they had used half as much, 0.5 as if twice as much.",
+    )
 
     USERNAME_FIELD = "email"
     EMAIL_FIELD = "email"
@@ -91,6 +108,10 @@ class User(AbstractUser):
             models.CheckConstraint(
                 condition=models.Q(suspended_at__isnull=True) | ~models.Q(suspended_reason=""),
                 name="accounts_user_suspension_has_reason",
+            ),
+            # A share of 0 would divide by zero; "never" is what suspension is for.
+            models.CheckConstraint(
+                condition=models.Q(queue_share__gt=0), name="accounts_user_queue_share_positive"
             ),
         ]
 

@@ -10,6 +10,7 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from axes.utils import reset as axes_reset
@@ -39,7 +40,7 @@ from portal.notifications.services import notify_account_suspended
 from portal.sshgateway.services import keys_changed
 from provisioning.workspaces import workspaces_remove_all
 
-from .models import SshKey, User
+from .models import SshKey, User, share_text
 from .tokens import TokenState, email_change_tokens, email_verification_tokens, password_reset_tokens
 
 log = logging.getLogger(__name__)
@@ -845,6 +846,56 @@ def user_launch_sizes_set(*, user: User, actor, sizes, reason: str) -> User:
                 "setting": "extra launch sizes",
                 "user": current.email,
                 "changes": {"extra_sizes": {"old": old, "new": new}},
+            },
+        )
+    user.refresh_from_db()
+    return user
+
+
+# The largest share an operator may give: the column holds up to 9999.99.
+QUEUE_SHARE_MAX = Decimal("9999.99")
+
+
+def user_queue_share_set(*, user: User, actor, share, reason: str) -> User:
+    """Set `user`'s share in the queue's fair share (User.queue_share; their recent GPU use is divided by
+    it, portal/instances/queue.py). Returns the user, refreshed.
+
+    Audited as "setting.change" with the old and new share; nothing is recorded when nothing changes.
+    Raises PermissionDenied unless `actor` is staff, ValidationError for a share that is not a number from
+    0.01 to 9999.99 (two decimals at most) or a blank reason.
+    """
+    _check_operator(actor, doing="change a person's share of the queue")
+    try:
+        new = Decimal(str(share).strip())
+    except (InvalidOperation, ValueError):
+        raise ValidationError(f"A share is a number such as 1, 2 or 0.5, not {share!r}.") from None
+    if (
+        not new.is_finite()
+        or not Decimal("0.01") <= new <= QUEUE_SHARE_MAX
+        or new != new.quantize(Decimal("0.01"))
+    ):
+        raise ValidationError(
+            f"A share is from 0.01 to {QUEUE_SHARE_MAX} with at most two decimals (1 is everyone's default); "
+            f"{share!r} is not."
+        )
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError("Say why you are changing this person's share; the audit log keeps it.")
+    with transaction.atomic():
+        current = User.objects.select_for_update().get(pk=user.pk)
+        old = current.queue_share
+        if old == new:
+            return current
+        User.objects.filter(pk=user.pk).update(queue_share=new)
+        audit_record(
+            actor=actor,
+            action="setting.change",
+            target=current,
+            reason=reason,
+            details={
+                "setting": "queue share",
+                "user": current.email,
+                "changes": {"queue_share": {"old": share_text(old), "new": share_text(new)}},
             },
         )
     user.refresh_from_db()

@@ -206,6 +206,45 @@ class InstanceSerializer(serializers.Serializer):
         "its deadline_at, whichever comes first; null when nothing will (or it is not running)."
     )
     extended_seconds = serializers.IntegerField(help_text="Time its owner added to the session (extend).")
+    queue_position = serializers.SerializerMethodField(
+        help_text="1-based place in the queue's fair-share order while queued; null otherwise."
+    )
+    queue_reason = serializers.SerializerMethodField(
+        help_text="Why it is at that place: your GPU use in the fair-share window and your share, and why "
+        "the launches ahead are; empty unless queued."
+    )
+    estimated_start_at = serializers.SerializerMethodField(
+        help_text="When it will likely start while queued; null when not queued or nothing tells."
+    )
+    estimated_start_basis = serializers.SerializerMethodField(
+        help_text="The estimate and its basis in words; empty unless queued."
+    )
+
+    def _queue(self, instance):
+        # The four queue fields come from one reading of the queue per instance.
+        cache = self.context.setdefault("queue_status", {})
+        if instance.id not in cache:
+            cache[instance.id] = instance_selectors.queue_status(instance)
+        return cache[instance.id]
+
+    def get_queue_position(self, instance) -> int | None:
+        status = self._queue(instance)
+        return status.position if status else None
+
+    def get_queue_reason(self, instance) -> str:
+        status = self._queue(instance)
+        return status.reason if status else ""
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_estimated_start_at(self, instance):
+        status = self._queue(instance)
+        if status is None or status.estimated_start_at is None:
+            return None
+        return serializers.DateTimeField().to_representation(status.estimated_start_at)
+
+    def get_estimated_start_basis(self, instance) -> str:
+        status = self._queue(instance)
+        return status.estimate_basis if status else ""
 
     @extend_schema_field(StepSerializer(many=True))
     def get_steps(self, instance):

@@ -599,13 +599,33 @@ def list_instances(ctx):
                 row["size"],
                 row["image"],
                 row["created_at"][:16].replace("T", " "),
+                _starts(row),
                 _time_left(row.get("session_ends_at")),
             ]
             for row in rows
         ],
-        ["ID", "STATE", "SIZE", "IMAGE", "CREATED (UTC)", "TIME LEFT"],
+        ["ID", "STATE", "SIZE", "IMAGE", "CREATED (UTC)", "STARTS", "TIME LEFT"],
     )
-    emit(ctx, rows, table if rows else "No instances. Launch one: devcloud launch --size 1x --image <image>")
+    # A waiting launch's basis is a sentence; it goes under the table, one line per queued instance.
+    waiting = [
+        f"{row['short_id']}: {row['estimated_start_basis']}"
+        for row in rows
+        if row.get("estimated_start_basis")
+    ]
+    text = table + ("\n\n" + "\n".join(waiting) if waiting else "")
+    emit(ctx, rows, text if rows else "No instances. Launch one: devcloud launch --size 1x --image <image>")
+
+
+def _starts(row: dict, now: datetime | None = None) -> str:
+    """A queued launch's place and estimated start, as "#3 ~40m" ("#3 ?" with no estimate); "-" otherwise."""
+    if not row.get("queue_position"):
+        return "-"
+    at = row.get("estimated_start_at")
+    if not at:
+        return f"#{row['queue_position']} ?"
+    minutes = max(int((datetime.fromisoformat(at) - (now or datetime.now(UTC))).total_seconds() // 60), 0)
+    wait = f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+    return f"#{row['queue_position']} ~{wait}"
 
 
 def _time_left(session_ends_at: str | None, now: datetime | None = None) -> str:

@@ -29,7 +29,6 @@ from urllib.parse import urlparse
 import httpx
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from portal.credits import metering
@@ -41,7 +40,7 @@ from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError, NotPlacedYet
 from provisioning.models import GpuAllocation, GpuHost
 
-from . import tasks, transitions
+from . import queue, tasks, transitions
 from .models import Instance
 from .start_spec import instance_ref, start_spec_for
 from .stop_reasons import StopReason
@@ -262,19 +261,20 @@ def _start_and_wait(instance: Instance, driver, spec, turn) -> "ReadyOutcome | s
 
 
 def _waiting_ahead(instance: Instance) -> bool:
-    """Whether older launches are waiting in the queue for GPUs (tried before and put back)."""
-    return (
-        Instance.objects.filter(state=State.QUEUED, provisioning_at__isnull=False)
-        .filter(Q(created_at__lt=instance.created_at) | Q(created_at=instance.created_at, id__lt=instance.id))
-        .exists()
-    )
+    """Whether launches ahead of it in the queue's order are waiting for GPUs (tried before and put back)."""
+    for standing in queue.standings(also=instance):
+        if standing.launch.id == instance.id:
+            return False
+        if standing.launch.provisioning_at is not None:
+            return True
+    return False
 
 
 def _requeue(instance: Instance, why: str) -> str:
     if not transitions.requeue(instance):
         return "skipped"
-    position = scheduler.queue_position(instance)
-    where = f": number {position} in the queue" if position else ""
+    place = queue.place_of(instance)
+    where = f": number {place.position} in the queue" if place else ""
     event_record(instance=instance, message=f"{why}{where}. It starts as soon as GPUs free up.")
     return "queued"
 
@@ -554,15 +554,16 @@ def meter_tick(now: datetime | None = None) -> metering.TickResult:
 
 
 def start_queued(now: datetime | None = None, *, limit: int = 100) -> int:
-    """Hand free GPUs to queued launches, oldest first (scheduler.next_queued decides the order), and
-    enqueue provisioning for each one that got GPUs. Returns how many were started.
+    """Hand free GPUs to queued launches in the queue's fair-share order (queue.queue_order; the scheduler's
+    next_queued keeps 8x launches from starving in it), and enqueue provisioning for each one that got
+    GPUs. Returns how many were started.
 
     Skips fresh launches whose own provision task is still on its way (never tried, younger than
     FRESH_LAUNCH_GRACE); an older never-tried one lost its message and is picked up here.
     """
     now = now or timezone.now()
     started = 0
-    for launch in scheduler.next_queued(limit=limit, now=now):
+    for launch in scheduler.next_queued(limit=limit, now=now, order=queue.queue_order(now=now)):
         instance = launch.instance
         if instance.provisioning_at is None and instance.created_at > now - FRESH_LAUNCH_GRACE:
             continue

@@ -20,7 +20,7 @@ from provisioning.selectors import (
 )
 from provisioning.shares import SizeResources, size_resources
 
-from . import entitlements, sessions
+from . import entitlements, estimates, queue, sessions
 from .models import Image, Instance, LaunchPolicy
 from .sizes import SIZES, Size
 from .stop_reasons import StopReason
@@ -486,11 +486,34 @@ def credits_exhausted_notice(user, *, instances: list[Instance] | None = None) -
 
 
 def queue_position(instance: Instance) -> int | None:
-    if instance.state != Instance.State.QUEUED:
-        return None
-    from provisioning import scheduler
+    """1-based place of a queued instance in the queue's fair-share order; None if not queued."""
+    place = queue.place_of(instance)
+    return place.position if place else None
 
-    return scheduler.queue_position(instance)
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """A queued launch's place in line, why it is there, and when it will likely start, for its owner."""
+
+    position: int
+    reason: str
+    estimated_start_at: datetime | None
+    estimate_basis: str
+
+
+def queue_status(instance: Instance, *, now: datetime | None = None) -> QueueStatus | None:
+    """The queued instance's place, the reason for it and its estimated start; None if not queued."""
+    now = now or timezone.now()
+    place = queue.place_of(instance, now=now)
+    if place is None:
+        return None
+    estimate = estimates.estimate(instance, now=now, place=place)
+    return QueueStatus(
+        position=place.position,
+        reason=queue.why_text(place),
+        estimated_start_at=estimate.starts_at,
+        estimate_basis=estimate.basis,
+    )
 
 
 def runs_on_simulated_gpus(instance: Instance) -> bool:
@@ -538,6 +561,19 @@ def progress(instance: Instance) -> list[dict]:
     return steps
 
 
+def _queue_fields(instance: Instance) -> dict:
+    status = queue_status(instance)
+    if status is None:
+        return {"queue_position": None, "queue_reason": "", "estimated_start_at": None, "estimate_basis": ""}
+    starts_at = status.estimated_start_at
+    return {
+        "queue_position": status.position,
+        "queue_reason": status.reason,
+        "estimated_start_at": starts_at.isoformat() if starts_at else None,
+        "estimate_basis": status.estimate_basis,
+    }
+
+
 def instance_status(instance: Instance) -> dict:
     """The JSON the instance page polls: state, step, progress, reasons, and where to open JupyterLab."""
     running = instance.state == Instance.State.RUNNING
@@ -549,7 +585,7 @@ def instance_status(instance: Instance) -> dict:
         "step": instance.step,
         "step_label": instance.get_step_display(),
         "steps": progress(instance),
-        "queue_position": queue_position(instance),
+        **_queue_fields(instance),
         "failure_reason": instance.failure_reason,
         "stop_reason": stop_reason_text(instance),
         "lab_url": lab_url(instance) if running else "",

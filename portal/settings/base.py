@@ -374,6 +374,16 @@ RECONCILE_SECONDS = env.int("RECONCILE_SECONDS", default=60)
 # How long the oldest queued 8x launch may wait before 1x launches queued behind it are held back,
 # so busy hosts can drain for it.
 SCHEDULER_8X_MAX_WAIT_SECONDS = env.int("SCHEDULER_8X_MAX_WAIT_SECONDS", default=600)
+# The queue's fair share (portal/instances/queue.py): waiting launches go in order of their owner's GPU
+# use over the last FAIR_SHARE_WINDOW_HOURS divided by their share (User.queue_share), least first; a
+# launch that has waited longer than FAIR_SHARE_MAX_WAIT_SECONDS goes ahead of those by age, so no wait
+# is unbounded. The queue's estimates also read that window's launches for the median wait.
+FAIR_SHARE_WINDOW_HOURS = env.int("FAIR_SHARE_WINDOW_HOURS", default=168)
+FAIR_SHARE_MAX_WAIT_SECONDS = env.int("FAIR_SHARE_MAX_WAIT_SECONDS", default=7200)
+if FAIR_SHARE_WINDOW_HOURS < 1:
+    raise ImproperlyConfigured("FAIR_SHARE_WINDOW_HOURS must be at least 1 (hour).")
+if FAIR_SHARE_MAX_WAIT_SECONDS < 0:
+    raise ImproperlyConfigured("FAIR_SHARE_MAX_WAIT_SECONDS must be 0 (first come, first served) or more.")
 # Every HOST_HEARTBEAT_SECONDS beat pings each host's engine; a host unheard for
 # HOST_DOWN_AFTER_MISSED_BEATS beats is marked down (no placements, its instances charged only up to its
 # last heartbeat).

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from portal.instances.models import Instance
 from provisioning.models import Gpu, GpuAllocation, GpuHost
-from provisioning.scheduler import SchedulerError, allocate, next_queued, queue_position, release
+from provisioning.scheduler import SchedulerError, allocate, next_queued, release
 
 pytestmark = pytest.mark.django_db
 
@@ -196,18 +196,6 @@ def test_it_keeps_whole_hosts_for_a_waiting_8x_when_asked(alice, host_make, host
     assert backfill[0].gpu.host == partly
     assert no_room is None
     assert used_on(whole) == 0
-
-
-def test_it_numbers_the_queue_oldest_first(alice, bob, host_queued_instance):
-    first = host_queued_instance(alice)
-    second = host_queued_instance(bob, size="8x")
-    third = host_queued_instance(alice)
-
-    assert [queue_position(i) for i in (first, second, third)] == [1, 2, 3]
-
-    Instance.objects.filter(pk=first.pk).update(state=Instance.State.PROVISIONING)
-    first.refresh_from_db()
-    assert [queue_position(i) for i in (first, second, third)] == [None, 1, 2]
 
 
 def test_it_lets_1x_launches_behind_a_waiting_8x_backfill_partly_used_hosts_only(
