@@ -416,10 +416,11 @@ def session_status(instance: Instance, *, now: datetime | None = None) -> Sessio
     """The instance page's session line: its end, the time left, and how many hours may still be added."""
     now = now or timezone.now()
     ends_at = sessions.session_end(instance, LaunchPolicy.current())
-    if ends_at is None:
-        return SessionStatus(None, "", False, 0)
-    left = max(int((ends_at - now).total_seconds()), 0)
     extendable = max(settings.SESSION_MAX_EXTENSION_HOURS - instance.extended_seconds // 3600, 0)
+    if ends_at is None:
+        # The page keeps the (hidden) Extend form, for when the instance it polls turns ready.
+        return SessionStatus(None, "", False, extendable)
+    left = max(int((ends_at - now).total_seconds()), 0)
     warning = timedelta(minutes=settings.SESSION_END_WARNING_MINUTES)
     return SessionStatus(ends_at, duration_text(left), ends_at - now <= warning, extendable)
 
@@ -574,6 +575,17 @@ def _queue_fields(instance: Instance) -> dict:
     }
 
 
+def _session_fields(instance: Instance) -> dict:
+    # The page's time-left line, kept current by its polling; ends_at None hides it.
+    session = session_status(instance)
+    return {
+        "ends_at": session.ends_at.isoformat() if session.ends_at else None,
+        "ends_at_text": session.ends_at.strftime("%Y-%m-%d %H:%M") if session.ends_at else "",
+        "time_left": session.time_left,
+        "ending_soon": session.ending_soon,
+    }
+
+
 def instance_status(instance: Instance) -> dict:
     """The JSON the instance page polls: state, step, progress, reasons, and where to open JupyterLab."""
     running = instance.state == Instance.State.RUNNING
@@ -593,6 +605,7 @@ def instance_status(instance: Instance) -> dict:
         in (Instance.State.QUEUED, Instance.State.PROVISIONING, Instance.State.RUNNING),
         "is_final": instance.state in (Instance.State.STOPPED, Instance.State.FAILED),
         "charged_gpu_hours": f"{charged / GPU_SECONDS_PER_HOUR:.2f}",
+        "session": _session_fields(instance),
         "events": [
             {
                 "at": event.created_at.isoformat(),

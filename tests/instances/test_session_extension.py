@@ -4,7 +4,7 @@ at the new end. The API's and the CLI's paths are in tests/api and tests/cli."""
 
 import re
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.core import mail
@@ -300,3 +300,31 @@ def test_another_person_cannot_extend_from_the_page(alice, bob_client, cpu):
     assert response.status_code == 404
     instance.refresh_from_db()
     assert instance.extended_seconds == 0
+
+
+def test_the_page_keeps_the_time_left_current_as_it_polls(alice, alice_client, cpu):
+    instance = running(alice, ready_hours_ago=11.75)
+    status_url = reverse("instances:status", args=[instance.id])
+
+    near_the_end = alice_client.get(status_url).json()["session"]
+    services.instance_extend(user=alice, instance_id=instance.id, hours=2)
+    after_extending = alice_client.get(status_url).json()["session"]
+
+    assert near_the_end["ending_soon"] and re.fullmatch(r"1[45] min", near_the_end["time_left"])
+    assert not after_extending["ending_soon"] and after_extending["time_left"].startswith("2 h 1")
+    ends_at = datetime.fromisoformat(after_extending["ends_at"])
+    assert ends_at == instance.ready_at + timedelta(hours=14)
+    assert after_extending["ends_at_text"] == ends_at.strftime("%Y-%m-%d %H:%M")
+
+
+def test_a_page_opened_before_the_instance_ran_can_show_its_time_left_once_it_runs(alice, alice_client, cpu):
+    give(alice, 10)
+    instance = services.instance_launch(user=alice, size="1x", image_key="cpu")
+
+    page = alice_client.get(reverse("instances:detail", args=[instance.id])).content.decode()
+    status = alice_client.get(reverse("instances:status", args=[instance.id])).json()
+
+    # The line and its Extend form are on the page, hidden until the polled status gives an end.
+    assert re.search(r'<div id="session-end" data-testid="session-end"\s+hidden>', page)
+    assert 'data-testid="extend-form"' in page
+    assert status["session"]["ends_at"] is None
