@@ -598,13 +598,14 @@ def list_instances(ctx):
                 row["state"],
                 row["size"],
                 row["image"],
+                row.get("project") or "you",
                 row["created_at"][:16].replace("T", " "),
                 _starts(row),
                 _time_left(row.get("session_ends_at")),
             ]
             for row in rows
         ],
-        ["ID", "STATE", "SIZE", "IMAGE", "CREATED (UTC)", "STARTS", "TIME LEFT"],
+        ["ID", "STATE", "SIZE", "IMAGE", "PAID BY", "CREATED (UTC)", "STARTS", "TIME LEFT"],
     )
     # A waiting launch's basis is a sentence; it goes under the table, one line per queued instance.
     waiting = [

@@ -9,7 +9,7 @@ from portal.api import services
 from portal.instances.models import Instance
 from portal.projects import services as project_services
 from portal.projects.models import ProjectMembership
-from tests.conftest import make_user
+from tests.conftest import give, make_user
 from tests.projects.conftest import fund
 
 OK, REFUSED, USAGE, AUTH, CREDIT, SERVER = 0, 1, 2, 3, 4, 5
@@ -45,6 +45,18 @@ def test_launch_for_a_project_is_paid_from_its_pool(devcloud, bob_in_vllm, bob):
     assert launched.returncode == OK, launched.stderr
     assert "for vllm" in launched.stdout
     assert Instance.objects.get(user=bob).project == bob_in_vllm
+
+
+def test_ls_says_who_pays_for_each_instance(devcloud, bob_in_vllm, bob):
+    give(bob, 5)
+    assert devcloud("launch", "--size", "1x", "--image", "cpu", "--project", "vllm").returncode == OK
+    assert devcloud("launch", "--size", "1x", "--image", "cpu").returncode == OK
+
+    listed = devcloud("ls").stdout.splitlines()
+
+    assert re.search(r"\bPAID BY\b", listed[0])
+    paid_by = sorted(line.split()[4] for line in listed[1:3])
+    assert paid_by == ["vllm", "you"]
 
 
 def test_launch_for_a_project_i_am_not_in_is_refused_and_launches_nothing(devcloud, bob_in_vllm, bob):
