@@ -5,7 +5,9 @@ from decimal import Decimal
 from django.contrib.auth.models import AbstractUser, BaseUserManager
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models import Q
 from django.db.models.functions import Lower
+from django.utils import timezone
 
 
 def normalise_email(email: str) -> str:
@@ -141,8 +143,16 @@ class User(AbstractUser):
         return f"Your account is suspended: {reason}. Contact support to lift it."
 
 
+class SshKeyQuerySet(models.QuerySet):
+    def trusted(self, now=None):
+        """Keys that still open doors: no expiry, or one still ahead."""
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now or timezone.now()))
+
+
 class SshKey(models.Model):
     """An SSH public key a developer uploaded; injected into instances they launch."""
+
+    objects = SshKeyQuerySet.as_manager()
 
     user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="ssh_keys")
     name = models.CharField(max_length=100)
@@ -153,6 +163,10 @@ class SshKey(models.Model):
     # Which session or API token added the key (services.origin_of_session / origin_of_token), so a
     # password change can revoke what a stolen session added; "" for keys older than this field.
     added_from = models.CharField(max_length=64, blank=True, default="")
+    # When the key stops being trusted and is removed (tasks.prune_expired_ssh_keys); None: never. A key
+    # made for one `devcloud run` expires with the run, so a CLI killed before it could remove the key
+    # leaves nothing behind for long.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at"]

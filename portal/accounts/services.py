@@ -616,9 +616,10 @@ def sshkey_parse(text: str) -> tuple[str, str, str]:
     return key_type, line, fingerprint
 
 
-def sshkey_add(*, user: User, name: str, public_key: str, added_from: str = "") -> SshKey:
+def sshkey_add(*, user: User, name: str, public_key: str, added_from: str = "", expires_at=None) -> SshKey:
     """Add a public key to the user's account, recording `added_from` (origin_of_session or
-    origin_of_token: a password change revokes keys added elsewhere). Returns the SshKey.
+    origin_of_token: a password change revokes keys added elsewhere). With `expires_at`, the key is
+    trusted until then and removed soon after (sshkeys_prune_expired). Returns the SshKey.
 
     Raises ValidationError keyed by field: "public_key" (see sshkey_parse, or a duplicate),
     "name" (empty).
@@ -645,6 +646,7 @@ def sshkey_add(*, user: User, name: str, public_key: str, added_from: str = "") 
                 public_key=line,
                 fingerprint=fingerprint,
                 added_from=added_from,
+                expires_at=expires_at,
             )
             keys_changed(user_id=user.pk)
             return key
@@ -662,6 +664,18 @@ def sshkey_delete(*, key: SshKey) -> None:
         user_id = key.user_id
         key.delete()
         keys_changed(user_id=user_id)
+
+
+def sshkeys_prune_expired(now=None) -> int:
+    """Remove every key past its expiry, as its owner removing it would (the instances' authorized_keys
+    follow). The gateway and the instances stop trusting such a key at its expiry already; this clears
+    it from the account. Returns how many were removed."""
+    expired = SshKey.objects.filter(expires_at__lte=now or timezone.now())
+    removed = 0
+    for key in expired:
+        sshkey_delete(key=key)
+        removed += 1
+    return removed
 
 
 # --- Deletion ----------------------------------------------------------------------------------

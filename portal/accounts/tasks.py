@@ -21,3 +21,9 @@ from . import services
 def send_email(kind: str, user_id: int, details: dict | None = None) -> bool:
     """Send one account email (see services.EmailKind). Returns False when it was no longer needed."""
     return services.email_send(kind=kind, user_id=user_id, details=details)
+
+
+@shared_task(name="accounts.prune_expired_ssh_keys")
+def prune_expired_ssh_keys() -> int:
+    """Remove SSH keys past their expiry (a `devcloud run` key whose CLI was killed)."""
+    return services.sshkeys_prune_expired()

@@ -9,6 +9,9 @@ from portal.instances import selectors as instance_selectors
 from portal.instances import sessions
 from portal.instances.models import LaunchPolicy
 
+# The longest a key added with an expiry may live (a week); for longer, add it without one.
+SSH_KEY_MAX_MINUTES = 7 * 24 * 60
+
 
 def _valid_unicode(value: str) -> None:
     # JSON can carry lone surrogates ("\ud800"), which no UTF-8 database column can store.
@@ -454,12 +457,21 @@ class SshKeySerializer(serializers.Serializer):
     public_key = serializers.CharField()
     fingerprint = serializers.CharField()
     created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(
+        allow_null=True, help_text="When it stops being trusted and is removed; null: never."
+    )
 
 
 class SshKeyCreateSerializer(serializers.Serializer):
     name = text_input(help_text="e.g. laptop")
     public_key = text_input(
         help_text="One OpenSSH public key line, e.g. the contents of ~/.ssh/id_ed25519.pub"
+    )
+    expires_in_minutes = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=SSH_KEY_MAX_MINUTES,
+        help_text="Trust it only this long (at most a week), then remove it; for a key made for one job.",
     )
 
 

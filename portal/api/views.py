@@ -5,9 +5,12 @@ Every object is looked up through its owner (request.user), so another person's 
 application is a 404, exactly like one that does not exist.
 """
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
@@ -619,7 +622,9 @@ def ssh_keys(request):
     """GET: your SSH public keys. POST: add one (the Settings page's checks and messages)."""
     if request.method == "GET":
         return Response(SshKeySerializer(account_selectors.ssh_keys_for(request.user), many=True).data)
-    cleaned = _valid(SshKeyForm(_body(SshKeyCreateSerializer, request)))
+    body = _body(SshKeyCreateSerializer, request)
+    minutes = body.pop("expires_in_minutes", None)
+    cleaned = _valid(SshKeyForm(body))
     token = request.auth if isinstance(request.auth, ApiToken) else None
     origin = (
         account_services.origin_of_token(token.prefix)
@@ -627,7 +632,11 @@ def ssh_keys(request):
         else account_services.origin_of_session(request.session)
     )
     key = account_services.sshkey_add(
-        user=request.user, name=cleaned["name"], public_key=cleaned["public_key"], added_from=origin
+        user=request.user,
+        name=cleaned["name"],
+        public_key=cleaned["public_key"],
+        added_from=origin,
+        expires_at=timezone.now() + timedelta(minutes=minutes) if minutes else None,
     )
     return Response(SshKeySerializer(key).data, status=201)
 

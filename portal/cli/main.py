@@ -3,6 +3,7 @@
 import contextlib
 import functools
 import json
+import math
 import os
 import secrets
 import shlex
@@ -351,6 +352,8 @@ def project_remove(ctx, slug, email):
     click.echo(f"Removed {email} from {slug}; the project's instances they launched are stopping.")
 
 
+# The longest expiry the portal takes for an SSH key (a week): a run's key expires with the run.
+SSH_KEY_MAX_MINUTES = 7 * 24 * 60
 # Beyond --timeout, the portal's own deadline for a run: late enough that the CLI stops the instance and
 # says why first, soon enough that a run whose CLI was killed does not burn credit for long.
 RUN_SERVER_GRACE_SECONDS = 60
@@ -415,7 +418,7 @@ def run(ctx, size, image, project, key, timeout, sync, command):
     request = {"size": size, "image": image, "project": project, "command": list(command), "timeout": limit}
     request["sync"] = bool(sync)
     key = key or run_parts.ci_run_key(os.environ, request)
-    with _run_key(client) as identity:
+    with _run_key(client, seconds=limit + RUN_SERVER_GRACE_SECONDS) as identity:
         instance = client.launch(
             size=size,
             image=image,
@@ -457,10 +460,12 @@ def run(ctx, size, image, project, key, timeout, sync, command):
 
 
 @contextlib.contextmanager
-def _run_key(client: Api):
+def _run_key(client: Api, *, seconds: int):
     """A key pair made for this run alone: added to the account (so the instance and the gateway take
     it) before the launch, removed from it afterwards. Yields the private key's path. The job needs no
-    SSH key of its own, and nothing it could leak outlives the run."""
+    SSH key of its own, and nothing it could leak outlives the run: the portal stops trusting the key
+    once `seconds` (the run's own limit) have passed, even if this process is killed before it can
+    remove it."""
     program = shutil.which("ssh-keygen")
     if program is None:
         client.fail("OpenSSH's `ssh-keygen` is not installed (or not on PATH).", USAGE)
@@ -474,7 +479,13 @@ def _run_key(client: Api):
             capture_output=True,
         )
         added = client.request(
-            "POST", "/ssh-keys", json={"name": name, "public_key": private.with_suffix(".pub").read_text()}
+            "POST",
+            "/ssh-keys",
+            json={
+                "name": name,
+                "public_key": private.with_suffix(".pub").read_text(),
+                "expires_in_minutes": min(math.ceil(seconds / 60) + 1, SSH_KEY_MAX_MINUTES),
+            },
         )
         try:
             yield private

@@ -540,6 +540,13 @@ CELERY_BEAT_SCHEDULE["enforce-limits"] = {
     "schedule": float(LIMITS_SECONDS),
     "options": {"expires": LIMITS_SECONDS},
 }
+# Removes SSH keys past their expiry (a `devcloud run` key whose CLI was killed); they stopped being
+# trusted at the expiry already.
+CELERY_BEAT_SCHEDULE["ssh-keys-prune"] = {
+    "task": "accounts.prune_expired_ssh_keys",
+    "schedule": 300.0,
+    "options": {"expires": 300},
+}
 
 # --- Operations: health and metrics (deploy/README.md) ---------------------------------------
 # /metrics needs this bearer token (Authorization: Bearer <token>); empty = no token asked.

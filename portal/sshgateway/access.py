@@ -54,13 +54,16 @@ def gateway_command(target: str = "<instance>") -> str:
 
 
 def keys_with(fingerprint: str) -> list[SshKey]:
-    """The account keys with this fingerprint on active accounts (usually one; see the module docstring)."""
-    return list(SshKey.objects.filter(fingerprint=fingerprint, user__is_active=True).select_related("user"))
+    """The account keys with this fingerprint on active accounts, not expired (usually one; see the
+    module docstring)."""
+    return list(
+        SshKey.objects.trusted().filter(fingerprint=fingerprint, user__is_active=True).select_related("user")
+    )
 
 
 def key_is_known(fingerprint: str) -> bool:
     """Whether the gateway accepts this key at all: it is on at least one active account."""
-    return SshKey.objects.filter(fingerprint=fingerprint, user__is_active=True).exists()
+    return SshKey.objects.trusted().filter(fingerprint=fingerprint, user__is_active=True).exists()
 
 
 def _instance_id_prefix(target: str) -> str | None:
@@ -73,8 +76,7 @@ def _instance_id_prefix(target: str) -> str | None:
     readings never overlap (eight decimal digits are at least 10**7, seven octal ones below 8**7).
     """
     name = target.strip().lower()
-    if name.startswith(HOSTNAME_PREFIX):
-        name = name[len(HOSTNAME_PREFIX) :]
+    name = name.removeprefix(HOSTNAME_PREFIX)
     if _HEX.match(name):
         return name
     try:
@@ -103,7 +105,9 @@ def route_for(*, fingerprint: str, target: str, port: int) -> Route:
     """
     keys = keys_with(fingerprint)
     if not keys:
-        raise Refused("This key is no longer on any DevCloud account. Add it in Settings, then connect again.")
+        raise Refused(
+            "This key is no longer on any DevCloud account. Add it in Settings, then connect again."
+        )
     users = [key.user for key in keys]
     if port != SSH_PORT:
         raise Refused(

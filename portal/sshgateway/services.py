@@ -42,7 +42,11 @@ def session_open(*, route, client_address: str, gateway: str) -> SshSession:
 def session_progress(*, session_id: int, bytes_from_client: int, bytes_to_client: int, ended: bool) -> None:
     """Store the byte counts so far and refresh the heartbeat; with `ended`, the session is over."""
     now = timezone.now()
-    changes = {"bytes_from_client": bytes_from_client, "bytes_to_client": bytes_to_client, "last_seen_at": now}
+    changes = {
+        "bytes_from_client": bytes_from_client,
+        "bytes_to_client": bytes_to_client,
+        "last_seen_at": now,
+    }
     if ended:
         changes["ended_at"] = now
     SshSession.objects.filter(pk=session_id, ended_at__isnull=True).update(**changes)
@@ -60,14 +64,19 @@ def sessions_close_stale(*, older_than: timedelta) -> int:
 
 
 def authorized_keys_text(user_id) -> str:
-    """The authorized_keys file for the instances of this person: their account keys, one per line."""
-    lines = SshKey.objects.filter(user_id=user_id, user__is_active=True).order_by("created_at", "pk")
+    """The authorized_keys file for the instances of this person: their account keys that have not
+    expired, one per line."""
+    lines = (
+        SshKey.objects.trusted().filter(user_id=user_id, user__is_active=True).order_by("created_at", "pk")
+    )
     return "".join(f"{line}\n" for line in lines.values_list("public_key", flat=True))
 
 
 def _ssh_instances(**filters):
     return Instance.objects.filter(
-        state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING], driver__in=["docker", "slurm"], **filters
+        state__in=[Instance.State.PROVISIONING, Instance.State.RUNNING],
+        driver__in=["docker", "slurm"],
+        **filters,
     ).select_related("host")
 
 

@@ -11,11 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
+from portal.accounts import services as accounts
+from portal.accounts.models import SshKey
 from portal.api import services
+from portal.instances import services as instance_services
 from portal.instances.models import Instance
 from tests.conftest import give
 
@@ -118,6 +123,28 @@ def test_sigterm_stops_the_instance(job, alice, image):
     assert "SIGTERM: stopping" in err
     instance = the_only_instance(alice)
     assert instance.state in (Instance.State.STOPPING, Instance.State.STOPPED)
+
+
+def test_a_run_killed_outright_leaves_no_key_trusted_past_its_time_limit(job, alice, image):
+    process = job.start(
+        "run", "--size", "1x", "--image", image.key, "--timeout", "2m", "--", "echo started; sleep 600"
+    )
+    assert process.stdout.readline().strip() == "started"
+    os.killpg(process.pid, signal.SIGKILL)  # the runner's hard kill: no clean-up runs
+    process.communicate(timeout=30)
+    killed_at = timezone.now()
+
+    [key] = SshKey.objects.filter(user=alice)
+    instance = the_only_instance(alice)
+    try:
+        # Trusted no longer than the run's own limit and the portal's grace (2 min + 60 s), to the minute.
+        assert key.expires_at is not None
+        assert key.expires_at - killed_at <= timedelta(minutes=4)
+        assert instance.deadline_at is not None and key.expires_at >= instance.deadline_at
+        assert accounts.sshkeys_prune_expired(now=key.expires_at) == 1
+        assert not SshKey.objects.filter(user=alice).exists()
+    finally:
+        instance_services.instance_stop(user=alice, instance_id=instance.id)
 
 
 def test_a_run_past_its_timeout_is_stopped_and_says_so(job, alice, image):
