@@ -2,8 +2,9 @@
 
 The owner, signed in to the portal, reaches the open ports of their running instances; anyone else only
 through a share link that is neither revoked nor expired, and a link made for a named person only when
-that person is signed in. Nothing here is cached: closing a port, revoking a link or a link's expiry
-refuses the very next request. Staff get no special access, as for the lab.
+that person is signed in. Nothing here is cached; the owner's ALLOW alone is remembered for a few
+seconds by the caller (port_hosts.PortHosts._caller_decision), so revoking a link or its expiry refuses
+the very next request through it. Staff get no special access, as for the lab.
 """
 
 import threading
@@ -62,7 +63,10 @@ def port_access(
         )
         user = session_user(session_key)
         share = None
-        if exposed is not None and (share_id or share_secret):
+        if (share_id or share_secret) and exposed is None:
+            # A link to a port that was closed: nothing to sign in for.
+            return PortDecision(Outcome.NOT_FOUND, message=NOT_EXPOSED)
+        if share_id or share_secret:
             links = ShareLink.objects.filter(exposed_port=exposed)
             share = (
                 links.filter(id=share_id).first()

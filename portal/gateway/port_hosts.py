@@ -9,8 +9,9 @@ names, so the same rules keep them from the instance:
    sends it back to /open with the cookie's hash; /open then hands out a ticket bound to that hash.
 3. /_devcloud/redeem?ticket=... spends the ticket once and sets the port's cookie: the session key
    and the share link's id, encrypted, bound to this port. It then redirects to the page first asked for.
-4. Every request on the port's host decrypts that cookie and decides afresh (port_access.py, no cache),
-   so a closed port, a revoked or expired link and an ended session are refused at once.
+4. Every request on the port's host decrypts that cookie and decides (port_access.py): afresh for a
+   share link's holder, so a revoked or expired link is refused at once; for the owner from the lab's
+   decision cache when it allowed them in the last few seconds (PortHosts._caller_decision says why).
 
 Then the request goes to the instance's port as a lab request goes to JupyterLab (http_proxy.py,
 ws_proxy.py): streamed both ways chunk by chunk, the portal's cookies stripped, the instance's
@@ -155,6 +156,25 @@ class PortHosts:
             return None
         return payload.get("k") or None, int(payload.get("s") or 0)
 
+    async def _caller_decision(self, label: str, session_key: str | None, share_id: int) -> PortDecision:
+        """The decision for a request on the port's host.
+
+        The owner's ALLOW is remembered for the lab's few seconds (the gateway's DecisionCache, keyed by
+        the session and the port), so a page's burst of requests reads the database once: the owner
+        could reach their own port from JupyterLab anyway, so a close that takes a moment to reach
+        their own browser exposes nothing, and a logout evicts the entry as for the lab. A share link's
+        holder is decided afresh on every request: a revoked or expired link is refused at once.
+        """
+        key = f"port:{label}"
+        if session_key and not share_id:
+            cached = self.gateway.cache.get(session_key, key)
+            if cached is not None:
+                return cached
+        decision = await self._decide(label=label, session_key=session_key, share_id=share_id)
+        if session_key and not share_id:
+            self.gateway.cache.put(session_key, key, decision)
+        return decision
+
     async def _record_traffic(self, decision: PortDecision) -> None:
         if traffic.due(decision.exposed_port_id):
             await self._run(traffic.write, decision.exposed_port_id)
@@ -165,7 +185,7 @@ class PortHosts:
         caller = self._caller(headers, label)
         decision = None
         if caller is not None:
-            decision = await self._decide(label=label, session_key=caller[0], share_id=caller[1])
+            decision = await self._caller_decision(label, *caller)
         if caller is None or decision.outcome is Outcome.ANONYMOUS:
             # Not signed in on this host (or the session ended): the portal decides who this is.
             if scope["method"] in ("GET", "HEAD"):
@@ -194,7 +214,7 @@ class PortHosts:
         caller = self._caller(headers, label)
         if caller is None:
             return await refuse(scope, send, 401)
-        decision = await self._decide(label=label, session_key=caller[0], share_id=caller[1])
+        decision = await self._caller_decision(label, *caller)
         statuses = {Outcome.ANONYMOUS: 401, Outcome.NOT_FOUND: 404, Outcome.NOT_RUNNING: 409}
         if not decision.allowed:
             return await refuse(scope, send, statuses[decision.outcome])

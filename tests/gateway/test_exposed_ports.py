@@ -73,19 +73,21 @@ def test_a_streamed_response_arrives_chunk_by_chunk(
         "Accept": "text/event-stream",
     }
 
-    with httpx.Client(base_url=portal_server.url, timeout=30) as browser:
-        with browser.stream("GET", "/stream?id=chunks", headers=headers) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            chunks = response.iter_raw()
-            received = b""
-            while b"data: first\n\n" not in received:
-                received += next(chunks)
-            # The app is still waiting for its signal: what arrived is the first event alone.
-            assert b"last" not in received
+    with (
+        httpx.Client(base_url=portal_server.url, timeout=30) as browser,
+        browser.stream("GET", "/stream?id=chunks", headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        chunks = response.iter_raw()
+        received = b""
+        while b"data: first\n\n" not in received:
+            received += next(chunks)
+        # The app is still waiting for its signal: what arrived is the first event alone.
+        assert b"last" not in received
 
-            instance_container.release("chunks")
-            rest = b"".join(chunks)
+        instance_container.release("chunks")
+        rest = b"".join(chunks)
 
     assert received + rest == b"data: first\n\ndata: last\n\n"
 
@@ -112,14 +114,16 @@ def test_a_port_the_owner_did_not_expose_is_refused(client, alice, alice_instanc
 def test_a_closed_port_is_refused_from_the_next_request(
     client, alice, alice_instance, exposed, portal_server
 ):
-    response, cookies = enter_port(
-        portal_server, exposed.host_label, session_key=session_cookie_for(client, alice)
-    )
+    _, secret = services.share_create(user=alice, instance_id=alice_instance.id, port=APP_PORT, hours=1)
+    response, holder_cookies = enter_port(portal_server, exposed.host_label, share=secret)
     assert response.status_code == 200
 
     services.port_close(user=alice, instance_id=alice_instance.id, port=APP_PORT)
 
-    assert port_get(portal_server, exposed.host_label, "/", cookies).status_code == 404
+    # Its share link's holder at once; the owner too, on opening it again.
+    assert port_get(portal_server, exposed.host_label, "/", holder_cookies).status_code == 404
+    owner, _ = enter_port(portal_server, exposed.host_label, session_key=session_cookie_for(client, alice))
+    assert owner.status_code == 404
 
 
 def test_no_portal_cookie_and_no_token_go_upstream(client, alice, exposed, portal_server):
