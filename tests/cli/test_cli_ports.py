@@ -16,7 +16,9 @@ def running(logged_in, alice):  # noqa: F811
     assert logged_in("launch", "--size", "1x", "--image", "cpu", "--wait").returncode == OK
     instance = Instance.objects.get(user=alice)
     # The fake driver reports no address for the instance's ports; a Docker instance has one.
-    Instance.objects.filter(pk=instance.pk).update(driver_state={**instance.driver_state, "address": "172.30.0.2"})
+    Instance.objects.filter(pk=instance.pk).update(
+        driver_state={**instance.driver_state, "address": "172.30.0.2"}
+    )
     return instance
 
 
