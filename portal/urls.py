@@ -8,6 +8,7 @@ urlpatterns = [
     path("", include("portal.credits.urls")),
     path("accounts/", include("portal.accounts.urls")),
     path("instances/", include("portal.instances.urls")),
+    path("instances/", include("portal.ports.urls")),
     # A project's CI access page lives with the tokens it manages (portal/api/pages.py).
     path("projects/<slug:slug>/ci/", ci_access, name="project_ci_access"),
     path("projects/", include("portal.projects.urls")),

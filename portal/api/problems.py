@@ -34,9 +34,10 @@ SERVICE_CODES = {
     "no_limit": (409, "no-session-limit", "This session has no time limit"),
     "open_application": (409, "conflict", "Already applied"),
     "in_programme": (409, "conflict", "Already in the programme"),
+    "ports_unavailable": (409, "ports-unavailable", "This instance's ports cannot be exposed"),
 }
 # Service ValidationError codes that name the request field at fault (instance_launch's "size", "image").
-FIELD_CODES = {"size": "size", "image": "image"}
+FIELD_CODES = {"size": "size", "image": "image", "port": "port", "hours": "hours", "email": "email"}
 # DRF exception code -> (type, title)
 DRF_CODES = {
     "not_authenticated": ("unauthenticated", "Authentication required"),

@@ -498,3 +498,53 @@ class BonusApplicationSerializer(serializers.Serializer):
 class BonusApplyRequestSerializer(serializers.Serializer):
     program = text_input(help_text="A program's slug (GET /api/v1/bonus-programs)")
     evidence = text_input(help_text="Certificate ID or URL")
+
+
+class ExposedPortSerializer(serializers.Serializer):
+    port = serializers.IntegerField()
+    url = serializers.SerializerMethodField(help_text="Where the port is served, on its own host name.")
+    created_at = serializers.DateTimeField()
+    last_traffic_at = serializers.DateTimeField(allow_null=True)
+
+    def get_url(self, exposed) -> str:
+        from portal.ports.addresses import port_url
+
+        return port_url(exposed.host_label)
+
+
+class ExposeSerializer(serializers.Serializer):
+    port = serializers.IntegerField(
+        help_text="The port your app listens on inside the instance: 1024 to 65535, not 8888 or 2222."
+    )
+
+
+class ShareLinkSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    prefix = serializers.CharField(help_text="The first characters of the link's secret.")
+    email = serializers.SerializerMethodField(help_text="Who may use it; null: anyone with the link.")
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField(allow_null=True)
+    active = serializers.SerializerMethodField()
+
+    def get_email(self, link) -> str | None:
+        return link.user.email if link.user_id else None
+
+    def get_active(self, link) -> bool:
+        return link.active()
+
+
+class ShareLinkCreatedSerializer(ShareLinkSerializer):
+    url = serializers.CharField(help_text="The link, shown this once: only a digest of its secret is kept.")
+
+
+class ShareCreateSerializer(serializers.Serializer):
+    hours = serializers.IntegerField(
+        required=False, default=24, help_text="How long it works: 1 to 720 hours."
+    )
+    email = serializers.EmailField(
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="Only this DevCloud account may use it; empty: anyone.",
+    )

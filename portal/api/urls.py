@@ -17,6 +17,18 @@ urlpatterns = [
     path("v1/instances/<uuid:instance_id>/stop", views.instance_stop, name="instance_stop"),
     path("v1/instances/<uuid:instance_id>/extend", views.instance_extend, name="instance_extend"),
     path("v1/instances/<uuid:instance_id>/logs", views.instance_logs, name="instance_logs"),
+    path("v1/instances/<uuid:instance_id>/ports", views.instance_ports, name="instance_ports"),
+    path("v1/instances/<uuid:instance_id>/ports/<int:port>", views.instance_port_close, name="instance_port"),
+    path(
+        "v1/instances/<uuid:instance_id>/ports/<int:port>/shares",
+        views.instance_port_shares,
+        name="instance_port_shares",
+    ),
+    path(
+        "v1/instances/<uuid:instance_id>/ports/<int:port>/shares/<int:share_id>",
+        views.instance_port_share_revoke,
+        name="instance_port_share",
+    ),
     path("v1/projects", views.projects, name="projects"),
     path("v1/projects/<str:slug>", views.project_detail, name="project"),
     path("v1/projects/<str:slug>/tokens", views.project_tokens, name="project_tokens"),

@@ -30,6 +30,9 @@ from portal.instances import selectors as instance_selectors
 from portal.instances import services as instance_services
 from portal.instances.forms import LaunchForm
 from portal.lib import oidc
+from portal.ports import selectors as port_selectors
+from portal.ports import services as port_services
+from portal.ports.addresses import share_url
 from portal.projects import ci_grants, trust
 from portal.projects import selectors as project_selectors
 from portal.projects import services as project_services
@@ -44,6 +47,8 @@ from .serializers import (
     CIGrantStateSerializer,
     CiSigninAnswerSerializer,
     CiSigninSerializer,
+    ExposedPortSerializer,
+    ExposeSerializer,
     ExtendSerializer,
     ImageSerializer,
     InstanceSerializer,
@@ -62,6 +67,9 @@ from .serializers import (
     RobotTokenCreatedSerializer,
     RobotTokenCreateSerializer,
     RobotTokenSerializer,
+    ShareCreateSerializer,
+    ShareLinkCreatedSerializer,
+    ShareLinkSerializer,
     SizeSerializer,
     SshAccessSerializer,
     SshKeyCreateSerializer,
@@ -287,6 +295,83 @@ def instance_extend(request, instance_id):
         user=request.user, instance_id=instance_id, hours=body.validated_data["hours"]
     )
     return Response(InstanceSerializer(instance, context={"request": request}).data)
+
+
+# --- Exposed ports ---------------------------------------------------------------------------------
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="ports_list",
+    responses=_responses({200: ExposedPortSerializer(many=True)}, 404),
+    tags=["ports"],
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="ports_expose",
+    request=ExposeSerializer,
+    responses=_responses({201: ExposedPortSerializer}, 400, 403, 404, 409),
+    tags=["ports"],
+)
+@api_view(["GET", "POST"])
+def instance_ports(request, instance_id):
+    """GET: your instance's exposed ports. POST: expose a port ({"port": 8000}) at its own address, for you
+    alone until you share it; exposing an open port again answers it as it is."""
+    instance = instance_selectors.instance_of_owner(request.user, instance_id)
+    if request.method == "GET":
+        return Response(ExposedPortSerializer(port_selectors.open_ports_of(instance), many=True).data)
+    body = _body(ExposeSerializer, request)
+    exposed = port_services.port_expose(user=request.user, instance_id=instance.id, port=body["port"])
+    return Response(ExposedPortSerializer(exposed).data, status=201)
+
+
+@extend_schema(operation_id="ports_close", responses=_responses({204: None}, 403, 404), tags=["ports"])
+@api_view(["DELETE"])
+def instance_port_close(request, instance_id, port):
+    """Close an exposed port: the next request to it is refused, through its share links too."""
+    port_services.port_close(user=request.user, instance_id=instance_id, port=port)
+    return Response(status=204)
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="ports_shares_list",
+    responses=_responses({200: ShareLinkSerializer(many=True)}, 404),
+    tags=["ports"],
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="ports_shares_create",
+    request=ShareCreateSerializer,
+    responses=_responses({201: ShareLinkCreatedSerializer}, 400, 403, 404),
+    tags=["ports"],
+)
+@api_view(["GET", "POST"])
+def instance_port_shares(request, instance_id, port):
+    """GET: the share links of an exposed port. POST: make one ({"hours": 24, "email": ""}) for anyone
+    holding it, or only for the account with that email. Its URL is in this answer only."""
+    instance = instance_selectors.instance_of_owner(request.user, instance_id)
+    exposed = port_selectors.open_port_of(instance, port)
+    if request.method == "GET":
+        return Response(ShareLinkSerializer(port_selectors.share_links_of(exposed), many=True).data)
+    body = _body(ShareCreateSerializer, request)
+    link, secret = port_services.share_create(
+        user=request.user, instance_id=instance.id, port=port, hours=body["hours"], email=body["email"]
+    )
+    answer = {**ShareLinkSerializer(link).data, "url": share_url(exposed.host_label, secret)}
+    return Response(answer, status=201)
+
+
+@extend_schema(
+    operation_id="ports_shares_revoke", responses=_responses({204: None}, 403, 404), tags=["ports"]
+)
+@api_view(["DELETE"])
+def instance_port_share_revoke(request, instance_id, port, share_id):
+    """Revoke a share link: the next request through it is refused."""
+    instance = instance_selectors.instance_of_owner(request.user, instance_id)
+    port_selectors.open_port_of(instance, port)
+    port_services.share_revoke(user=request.user, instance_id=instance.id, share_id=share_id)
+    return Response(status=204)
 
 
 class _LogQuery(serializers.Serializer):

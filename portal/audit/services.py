@@ -37,6 +37,10 @@ AUDIT_ACTIONS = {
     "instance.force_stop": "Instance force-stopped",
     "workspace.mount_refused": "A workspace volume labelled for another person or install was not mounted",
     "setting.change": "Setting changed",
+    "port.expose": "Instance port exposed by its owner",
+    "port.close": "Exposed instance port closed",
+    "share.create": "Share link made for an exposed port",
+    "share.revoke": "Share link for an exposed port revoked",
 }
 
 ACTION_CODE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")

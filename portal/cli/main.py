@@ -712,6 +712,123 @@ def open_lab(ctx, instance, browser):
     emit(ctx, {"id": target["id"], "lab_url": target["lab_url"]}, target["lab_url"])
 
 
+# --- Exposed ports ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("instance")
+@click.argument("port", type=int)
+@json_option
+@click.pass_context
+def expose(ctx, instance, port):
+    """Open PORT of a running instance at its own address, for you alone until you share it
+    (devcloud share). Your app must listen on 0.0.0.0 at that port."""
+    client = api(ctx)
+    target = client.resolve(instance)
+    exposed = client.request("POST", f"/instances/{target['id']}/ports", json={"port": port})
+    emit(ctx, exposed, f"Port {exposed['port']} of {target['short_id']} is at {exposed['url']}")
+
+
+@cli.command()
+@click.argument("instance")
+@json_option
+@click.pass_context
+def ports(ctx, instance):
+    """List an instance's exposed ports and their addresses."""
+    client = api(ctx)
+    target = client.resolve(instance)
+    rows = client.get(f"/instances/{target['id']}/ports")
+    table = _table([[str(row["port"]), row["url"]] for row in rows], ["PORT", "URL"])
+    emit(
+        ctx,
+        rows,
+        table if rows else f"No exposed ports. Expose one: devcloud expose {target['short_id']} 8000",
+    )
+
+
+@cli.command()
+@click.argument("instance")
+@click.argument("port", type=int)
+@json_option
+@click.pass_context
+def unexpose(ctx, instance, port):
+    """Close an exposed port: its address and share links stop working at once."""
+    client = api(ctx)
+    target = client.resolve(instance)
+    client.request("DELETE", f"/instances/{target['id']}/ports/{port}")
+    emit(
+        ctx,
+        {"id": target["id"], "port": port, "closed": True},
+        f"Port {port} of {target['short_id']} is closed.",
+    )
+
+
+@cli.command()
+@click.argument("instance")
+@click.argument("port", type=int)
+@click.option(
+    "--hours", type=click.IntRange(1, 720), default=24, show_default=True, help="How long it works."
+)
+@click.option(
+    "--email", default="", help="Only this DevCloud account may use it (default: anyone with the link)."
+)
+@json_option
+@click.pass_context
+def share(ctx, instance, port, hours, email):
+    """Make a link to an exposed PORT for anyone holding it (or only --email's account). Shown once."""
+    client = api(ctx)
+    target = client.resolve(instance)
+    link = client.request(
+        "POST", f"/instances/{target['id']}/ports/{port}/shares", json={"hours": hours, "email": email}
+    )
+    who = link["email"] or "anyone with the link"
+    emit(
+        ctx,
+        link,
+        f"{link['url']}\nFor {who}, until {link['expires_at'][:16].replace('T', ' ')} UTC (id {link['id']}).",
+    )
+
+
+@cli.command()
+@click.argument("instance")
+@click.argument("port", type=int)
+@json_option
+@click.pass_context
+def shares(ctx, instance, port):
+    """List the share links of an exposed port."""
+    client = api(ctx)
+    target = client.resolve(instance)
+    rows = client.get(f"/instances/{target['id']}/ports/{port}/shares")
+    table = _table(
+        [
+            [
+                str(row["id"]),
+                row["prefix"] + "…",
+                row["email"] or "anyone",
+                row["expires_at"][:16].replace("T", " "),
+                "active" if row["active"] else ("revoked" if row["revoked_at"] else "expired"),
+            ]
+            for row in rows
+        ],
+        ["ID", "LINK", "FOR", "EXPIRES (UTC)", "STATE"],
+    )
+    emit(ctx, rows, table if rows else "No share links.")
+
+
+@cli.command()
+@click.argument("instance")
+@click.argument("port", type=int)
+@click.argument("share_id", type=int)
+@json_option
+@click.pass_context
+def unshare(ctx, instance, port, share_id):
+    """Revoke a share link (its id from devcloud shares): it stops working at once."""
+    client = api(ctx)
+    target = client.resolve(instance)
+    client.request("DELETE", f"/instances/{target['id']}/ports/{port}/shares/{share_id}")
+    emit(ctx, {"id": share_id, "revoked": True}, f"Share link {share_id} is revoked.")
+
+
 # --- SSH -------------------------------------------------------------------------------------------
 
 LIVE_STATES = ("queued", "provisioning", "running", "stopping")

@@ -5,7 +5,11 @@ Routes it answers (everything else is Django's):
 - /instances/<uuid>/open     where "Open JupyterLab" links: the lab path here, or a ticket to the
                              instance's subdomain in production (see tickets.py);
 - /instances/<uuid>/redeem   on the lab's subdomain: turns a ticket into the lab cookie;
-- /instances/<uuid>/auth     nginx `auth_request` target for production (docs/gateway.md).
+- /instances/<uuid>/auth     nginx `auth_request` target for production (docs/gateway.md);
+- /ports/<label>/open        where an exposed port's address sends a browser to sign in, and where share
+                             links point: a ticket to the port's own host (port_hosts.py);
+- every path on an exposed port's own host (`<short id>-<port>.<lab domain>`), HTTP and websocket,
+                             proxied to that port of the instance for its owner or a share link's holder.
 """
 
 import asyncio
@@ -14,17 +18,20 @@ import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from http.cookies import SimpleCookie
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
 from django.http.cookie import parse_cookie
 
+from portal.ports.addresses import label_of_host
+
 from . import lab_path, pages, tickets
 from .access import Decision, Outcome, access_check, decision_cache
 from .headers import decoded_headers, origin_allowed, strip_portal_cookies
-from .http_proxy import new_client, path_with_query, proxy_http, reply
+from .http_proxy import new_client, path_with_query, proxy_http, query_value, reply
 from .lab_upstream import close_lab_upstream
+from .pages import redirect, set_cookie
+from .port_hosts import PortHosts
 from .ws_proxy import proxy_websocket, refuse
 
 logger = logging.getLogger(__name__)
@@ -33,6 +40,7 @@ LAB_PATH = re.compile(r"^/instances/(?P<instance_id>[^/]+)/lab(?:/|$)")
 AUTH_PATH = re.compile(r"^/instances/(?P<instance_id>[^/]+)/auth/?$")
 OPEN_PATH = re.compile(r"^/instances/(?P<instance_id>[^/]+)/open/?$")
 REDEEM_PATH = re.compile(r"^/instances/(?P<instance_id>[^/]+)/redeem/?$")
+PORT_OPEN_PATH = re.compile(r"^/ports/(?P<label>[^/]+)/open/?$")
 NOT_FOUND = pages.Reply(404, [(b"content-type", b"text/plain")], b"Not found")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
@@ -49,10 +57,26 @@ class Gateway:
         self._client_loop = None
         # How often an open websocket checks that its user may still use it.
         self.recheck_seconds = recheck_seconds
+        self.ports = PortHosts(self)
 
     @staticmethod
     def handles(path: str) -> bool:
-        return any(route.match(path) for route in (LAB_PATH, AUTH_PATH, OPEN_PATH, REDEEM_PATH))
+        return any(
+            route.match(path) for route in (LAB_PATH, AUTH_PATH, OPEN_PATH, REDEEM_PATH, PORT_OPEN_PATH)
+        )
+
+    @staticmethod
+    def port_label(scope) -> str | None:
+        """The exposed port's label when the request is for an exposed port's own host, else None."""
+        for name, value in scope.get("headers", []):
+            if name == b"host":
+                return label_of_host(value.decode("latin-1"))
+        return None
+
+    def claims(self, scope) -> bool:
+        """Whether the gateway answers this request rather than Django: a gateway path, or any path on
+        an exposed port's host."""
+        return self.handles(scope["path"]) or self.port_label(scope) is not None
 
     def client(self):
         # The client pools connections on one event loop; a second loop (tests start servers in
@@ -110,7 +134,7 @@ class Gateway:
         if scope["method"] != "GET":
             return None
         lab = LAB_PATH.match(scope["path"])
-        if lab is None:
+        if lab is None or self.port_label(scope) is not None:
             return None
         headers = decoded_headers(scope)
         if "content-length" in headers or "transfer-encoding" in headers or "expect" in headers:
@@ -126,6 +150,10 @@ class Gateway:
 
     async def __call__(self, scope, receive, send):
         path = scope["path"]
+        port_label = self.port_label(scope)
+        if port_label is not None:
+            # An exposed port's host belongs to the instance's app, whatever the path.
+            return await self.ports.serve(scope, receive, send, port_label)
         lab = LAB_PATH.match(path)
         if scope["type"] == "http" and lab:
             await self._lab_http(scope, receive, send, lab["instance_id"])
@@ -137,6 +165,8 @@ class Gateway:
             await self._open(scope, send, OPEN_PATH.match(path)["instance_id"])
         elif scope["type"] == "http" and REDEEM_PATH.match(path):
             await self._redeem(scope, send, REDEEM_PATH.match(path)["instance_id"])
+        elif scope["type"] == "http" and PORT_OPEN_PATH.match(path):
+            await self.ports.open(scope, send, PORT_OPEN_PATH.match(path)["label"])
         elif scope["type"] == "websocket":
             await refuse(scope, send, 404)
         else:
@@ -156,7 +186,7 @@ class Gateway:
         headers = decoded_headers(scope)
         if self._off_lab_host(headers, instance_id):
             if scope["method"] in ("GET", "HEAD") and pages.wants_html(headers):
-                return await reply(send, _redirect(f"/instances/{instance_id}/open"))
+                return await reply(send, redirect(f"/instances/{instance_id}/open"))
             return await reply(send, NOT_FOUND)
         decision = await self.decide(headers, instance_id)
         head = scope["method"] == "HEAD"
@@ -263,7 +293,7 @@ class Gateway:
         if refusal:
             return await reply(send, refusal)
         lab_origin = tickets.lab_base_url(instance_id)
-        binding = _query_value(scope, "handshake")
+        binding = query_value(scope, "handshake")
         if not lab_origin:
             location = lab_path(instance_id)
         elif not tickets.binding_well_formed(binding):
@@ -271,7 +301,7 @@ class Gateway:
         else:
             ticket = tickets.ticket_issue(session_key=session_key, instance_id=instance_id, binding=binding)
             location = f"{lab_origin}/instances/{instance_id}/redeem?{urlencode({'ticket': ticket})}"
-        await reply(send, _redirect(location))
+        await reply(send, redirect(location))
 
     async def _redeem(self, scope, send, instance_id: str) -> None:
         """On the lab host: the two lab-host steps of the handshake (tickets.py).
@@ -283,13 +313,13 @@ class Gateway:
         headers = decoded_headers(scope)
         if scope["method"] not in ("GET", "HEAD"):
             return await reply(send, pages.link_expired(headers))
-        ticket = _query_value(scope, "ticket")
+        ticket = query_value(scope, "ticket")
         if not ticket:
             value, binding = tickets.handshake_new()
             back = f"{settings.SITE_URL}/instances/{instance_id}/open?{urlencode({'handshake': binding})}"
-            answer = _redirect(back)
+            answer = redirect(back)
             answer.headers.append(
-                _set_cookie(tickets.handshake_cookie_name(), value, tickets.HANDSHAKE_SECONDS)
+                set_cookie(tickets.handshake_cookie_name(), value, tickets.HANDSHAKE_SECONDS)
             )
             return await reply(send, answer)
         handshake = parse_cookie(headers.get("cookie", "")).get(tickets.handshake_cookie_name(), "")
@@ -300,12 +330,12 @@ class Gateway:
         decision = await self.decide(headers, instance_id, session_key=session_key, fresh=True)
         if not decision.allowed:
             # Logged out or stopped since the ticket was issued: the portal says which, on its own host.
-            return await reply(send, _redirect(f"{settings.SITE_URL}/instances/{instance_id}/open"))
-        answer = _redirect(lab_path(instance_id))
+            return await reply(send, redirect(f"{settings.SITE_URL}/instances/{instance_id}/open"))
+        answer = redirect(lab_path(instance_id))
         lab_cookie = tickets.lab_cookie_value(session_key=session_key, instance_id=instance_id)
-        answer.headers.append(_set_cookie(tickets.lab_cookie_name(), lab_cookie))
+        answer.headers.append(set_cookie(tickets.lab_cookie_name(), lab_cookie))
         # Spent: the handshake has done its job.
-        answer.headers.append(_set_cookie(tickets.handshake_cookie_name(), "", 0))
+        answer.headers.append(set_cookie(tickets.handshake_cookie_name(), "", 0))
         await reply(send, answer)
 
     @staticmethod
@@ -318,37 +348,6 @@ class Gateway:
         if decision.outcome is Outcome.NOT_RUNNING:
             return pages.not_running(headers, decision.state)
         return None
-
-
-def _query_value(scope, name: str) -> str:
-    return parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name, [""])[0]
-
-
-def _set_cookie(name: str, value: str, max_age: int | None = None) -> tuple[bytes, bytes]:
-    """A host-only Set-Cookie for the lab host: Path=/, HttpOnly, SameSite=Lax, Secure as the session's.
-
-    Path=/, no Domain and Secure (production) are what a `__Host-` name requires of it.
-    """
-    cookie = SimpleCookie()
-    cookie[name] = value
-    morsel = cookie[name]
-    morsel["path"], morsel["httponly"], morsel["samesite"] = "/", True, "Lax"
-    morsel["secure"] = settings.SESSION_COOKIE_SECURE
-    if max_age is not None:
-        morsel["max-age"] = max_age
-    return b"set-cookie", morsel.OutputString().encode()
-
-
-def _redirect(location: str) -> pages.Reply:
-    # no-referrer: the ticket in a redeem URL must not travel on in a Referer header.
-    return pages.Reply(
-        302,
-        [
-            (b"location", location.encode()),
-            (b"cache-control", b"no-store"),
-            (b"referrer-policy", b"no-referrer"),
-        ],
-    )
 
 
 class Router:
@@ -365,7 +364,7 @@ class Router:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
-        elif scope["type"] in ("http", "websocket") and self.gateway.handles(scope["path"]):
+        elif scope["type"] in ("http", "websocket") and self.gateway.claims(scope):
             await self.gateway(scope, receive, send)
         elif scope["type"] == "websocket":
             await refuse(scope, send, 404)

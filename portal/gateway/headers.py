@@ -172,7 +172,9 @@ def upstream_request_headers(
         result.append(("origin", upstream_origin(endpoint)))
     if headers.get("content-length"):
         result.append(("content-length", headers["content-length"]))
-    result.append(("authorization", f"token {token}"))
+    if token:
+        # An exposed port (portal/ports) has no token: the instance's own app gets no credential.
+        result.append(("authorization", f"token {token}"))
     return result
 
 

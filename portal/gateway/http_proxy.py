@@ -7,6 +7,7 @@ bytes the browser sent, so percent-encoded file names in the contents API surviv
 import asyncio
 import logging
 import zlib
+from urllib.parse import parse_qs
 
 import aiohttp
 from multidict import CIMultiDict
@@ -53,6 +54,10 @@ class ClientGone(Exception):
 def path_with_query(scope) -> str:
     query = scope.get("query_string", b"").decode("latin-1")
     return scope["path"] + (f"?{query}" if query else "")
+
+
+def query_value(scope, name: str) -> str:
+    return parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name, [""])[0]
 
 
 async def _request_body(receive):
@@ -112,10 +117,13 @@ async def reply(send, answer: pages.Reply, *, head: bool = False) -> None:
     await send({"type": "http.response.body", "body": b"" if head else answer.body})
 
 
-async def proxy_http(scope, receive, send, *, client: aiohttp.ClientSession, decision, prefix: str) -> None:
+async def proxy_http(
+    scope, receive, send, *, client: aiohttp.ClientSession, decision, prefix: str, down=None
+) -> None:
     """Sends the request in `scope` to `decision.endpoint` and streams JupyterLab's answer back.
 
-    Answers 502 (a page saying JupyterLab isn't answering) when the container refuses the connection,
+    Answers 502 (a page saying JupyterLab isn't answering, or `down(headers, path_with_query)`'s page
+    when given) when the container refuses the connection,
     is unreachable, or does not send response headers in time. Never raises for upstream failures;
     a failure after the headers went out ends the response early (the browser sees a cut download).
     """
@@ -149,7 +157,7 @@ async def proxy_http(scope, receive, send, *, client: aiohttp.ClientSession, dec
         return
     except (*UPSTREAM_ERRORS, ValueError) as error:
         logger.info("gateway: %s %s upstream failed: %r", scope["method"], scope["path"], error)
-        answer = pages.upstream_down(headers, path_with_query(scope))
+        answer = (down or pages.upstream_down)(headers, path_with_query(scope))
         await reply(send, answer, head=scope["method"] == "HEAD")
         return
     try:
@@ -170,7 +178,7 @@ async def proxy_http(scope, receive, send, *, client: aiohttp.ClientSession, dec
                 body = await upstream.read()
             except UPSTREAM_ERRORS as error:
                 logger.info("gateway: %s %s upstream broke: %r", scope["method"], scope["path"], error)
-                answer = pages.upstream_down(headers, path_with_query(scope))
+                answer = (down or pages.upstream_down)(headers, path_with_query(scope))
                 return await reply(send, answer, head=scope["method"] == "HEAD")
             await send(start)
             await send({"type": "http.response.body", "body": body})

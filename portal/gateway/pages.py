@@ -7,6 +7,7 @@ JSON) get `{"message": ...}`, the shape Jupyter's API errors have, so the lab sh
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
+from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.parse import quote
 
@@ -137,4 +138,58 @@ def link_expired(headers: dict[str, str]) -> Reply:
         message="The link that opens JupyterLab works once, for a few seconds, in the browser that asked.",
         advice="Open JupyterLab again from your instances page.",
         on_lab_host=True,
+    )
+
+
+def port_refused(headers: dict[str, str], message: str) -> Reply:
+    """A port or share link the caller may not use: 404, saying why (the port's own host or the portal)."""
+    return _reply(404, headers, heading="Not available", message=message, on_lab_host=True)
+
+
+def port_not_running(headers: dict[str, str], state: str) -> Reply:
+    return _reply(
+        409,
+        headers,
+        heading="This instance isn't running",
+        message=f"The instance serving this address is {state}, so its ports are closed.",
+        on_lab_host=True,
+    )
+
+
+def port_down(headers: dict[str, str], path_with_query: str, port: int) -> Reply:
+    return _reply(
+        502,
+        headers,
+        heading="Nothing is answering",
+        message=f"Nothing in the instance answers on port {port}.",
+        advice="Start your app listening on 0.0.0.0 at that port, then try again.",
+        retry_url=path_with_query,
+        on_lab_host=True,
+    )
+
+
+def set_cookie(name: str, value: str, max_age: int | None = None) -> tuple[bytes, bytes]:
+    """A host-only Set-Cookie for the lab host: Path=/, HttpOnly, SameSite=Lax, Secure as the session's.
+
+    Path=/, no Domain and Secure (production) are what a `__Host-` name requires of it.
+    """
+    cookie = SimpleCookie()
+    cookie[name] = value
+    morsel = cookie[name]
+    morsel["path"], morsel["httponly"], morsel["samesite"] = "/", True, "Lax"
+    morsel["secure"] = settings.SESSION_COOKIE_SECURE
+    if max_age is not None:
+        morsel["max-age"] = max_age
+    return b"set-cookie", morsel.OutputString().encode()
+
+
+def redirect(location: str) -> Reply:
+    # no-referrer: the ticket in a redeem URL must not travel on in a Referer header.
+    return Reply(
+        302,
+        [
+            (b"location", location.encode()),
+            (b"cache-control", b"no-store"),
+            (b"referrer-policy", b"no-referrer"),
+        ],
     )

@@ -75,6 +75,32 @@ def _open(value: str, purpose: str, *, instance_id: str, max_age: int | None) ->
     return payload if payload.get("k") else None
 
 
+def seal(purpose: str, **payload) -> str:
+    """Returns `payload` encrypted and timestamped for `purpose` (the exposed ports' tickets and cookies)."""
+    return _seal(purpose, **payload)
+
+
+def unseal(value: str, purpose: str, *, max_age: int | None) -> dict | None:
+    """Returns what seal() put in `value` for `purpose`, or None when it is not that, tampered or older
+    than `max_age` seconds."""
+    try:
+        payload = json.loads(_fernet().decrypt(value.encode(), ttl=max_age))
+    except (InvalidToken, ValueError, TypeError):
+        return None
+    return payload if isinstance(payload, dict) and payload.get("p") == purpose else None
+
+
+def spend(ticket: str) -> bool:
+    """Marks `ticket` spent; True only the first time, in any process. Writes to the database: call it
+    from a thread."""
+    spent_key = "gateway-ticket:" + hashlib.sha256(ticket.encode()).hexdigest()
+    try:
+        # add() is atomic across processes: of two redemptions at once, exactly one adds the key.
+        return caches[TICKET_CACHE].add(spent_key, 1, timeout=SPENT_SECONDS)
+    finally:
+        close_old_connections()
+
+
 def handshake_new() -> tuple[str, str]:
     """Returns (a fresh handshake cookie value, its binding: the hash the portal puts in the ticket)."""
     value = secrets.token_urlsafe(32)

@@ -68,10 +68,10 @@ async def proxy_websocket(
     refuses. Never raises for network failures on either side.
     """
     headers = decoded_headers(scope)
-    upstream_headers = [
-        ("Authorization", f"token {decision.token}"),
-        ("Origin", upstream_origin(decision.endpoint)),
-    ]
+    upstream_headers = [("Origin", upstream_origin(decision.endpoint))]
+    if decision.token:
+        # An exposed port (portal/ports) has no token: the instance's own app gets no credential.
+        upstream_headers.append(("Authorization", f"token {decision.token}"))
     cookies = strip_portal_cookies(headers.get("cookie", ""))
     if cookies:
         upstream_headers.append(("Cookie", cookies))

@@ -16,9 +16,12 @@ An instance counts as idle when JupyterLab shows no activity AND its GPUs show n
 - SSH: an open session through the SSH gateway (portal/sshgateway records them, with a heartbeat) is
   use, whatever JupyterLab says: someone working in a terminal over SSH never touches JupyterLab. When
   the last one ends, the idle clock starts from its end.
+- Exposed ports: traffic the gateway carried to one of the instance's exposed ports (portal/ports; the
+  gateway writes it down at most every half minute, and every ten seconds while a websocket is open) is
+  use: people using a web app served from the instance never touch JupyterLab either.
 
 The idle clock, `idle_since`, is the latest of: JupyterLab's activity, `ready_at`, the end of the last
-SSH session, and the last time
+SSH session, the last traffic to an exposed port, and the last time
 this culler saw the GPUs busy or go idle again. Those GPU sightings are written to the instance's
 timeline ("GPUs busy...", "GPUs idle again...") only when they change and no kernel is busy (a busy
 kernel explains itself), so that the clock survives between rounds and the owner can see why the
@@ -57,6 +60,7 @@ from django.utils import timezone
 from portal.gateway import lab_path
 from portal.notifications.models import Kind, Notification
 from portal.notifications.services import notify_instance_idle_warning, notify_instance_stopped
+from portal.ports.selectors import last_port_traffic
 from portal.sshgateway.selectors import last_session_activity, open_session_instance_ids
 from provisioning import hostfs
 
@@ -269,10 +273,13 @@ def cull_idle(now: datetime | None = None) -> CullReport:
     instance_ids = [instance.id for instance in instances]
     ssh_open = open_session_instance_ids(instance_ids)
     ssh_last = last_session_activity(instance_ids)
+    port_last = last_port_traffic(instance_ids)
     gpu_percents = hostfs.instances_gpu_busy([instance.id for instance in instances])
     # Every reading counts towards the efficiency report, whatever else keeps or skips the instance.
     gpu_samples_record(
-        readings={key: percent > busy_percent for key, percent in gpu_percents.items() if percent is not None},
+        readings={
+            key: percent > busy_percent for key, percent in gpu_percents.items() if percent is not None
+        },
         instances=instances,
         now=now,
     )
@@ -294,7 +301,16 @@ def cull_idle(now: datetime | None = None) -> CullReport:
             report.busy += 1
             continue
         idle_since = max(
-            filter(None, [seen.last_activity, instance.ready_at, gpu_time, ssh_last.get(instance.id)])
+            filter(
+                None,
+                [
+                    seen.last_activity,
+                    instance.ready_at,
+                    gpu_time,
+                    ssh_last.get(instance.id),
+                    port_last.get(instance.id),
+                ],
+            )
         )
         if now - idle_since < timedelta(minutes=policy.idle_minutes_for(instance.size)):
             report.idle += 1

@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "portal.notifications",
     "provisioning",
     "portal.sshgateway",
+    "portal.ports",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",

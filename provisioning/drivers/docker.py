@@ -127,6 +127,7 @@ class DockerDriver(Driver):
             container.reload()
             endpoint, host_port = self._endpoint(container)
             ssh_port = self._published_port(container, SSH_PORT)
+            address = self._ports_address(container, network.name)
         except DriverError as error:
             if error.permanent:
                 self._discard(client, spec.instance_id)
@@ -148,6 +149,10 @@ class DockerDriver(Driver):
                 "host_port": host_port,
                 # sshd's port on the same address as the endpoint; None for an image from before SSH.
                 "ssh_port": ssh_port,
+                # Where the portal reaches the instance's other ports (ones its owner exposes): its
+                # address on its own network. Only this machine routes to that network, so only
+                # instances on the portal's own engine have one.
+                **({"address": address} if address else {}),
                 "image": spec.image_reference,
                 "gpus": [gpu.render_minor for gpu in gpus],
                 # What the engine could not limit ("workspace", "disk"), started so under
@@ -242,7 +247,6 @@ class DockerDriver(Driver):
         except Exception as error:
             raise self._api_error(error, "reading the engine's CPU count") from error
         return Line(engine=client.api.base_url, limit=slots_for(cpus))
-
 
     def wait_for_output(self, ref: InstanceRef, text: str, deadline: float, cancelled) -> bool:
         """Follows the container's output (the engine's log stream: no polling) until a line contains
@@ -349,7 +353,10 @@ class DockerDriver(Driver):
                 host_name=self.host.name, unlimited=lambda: unlimited.append("workspace"),
             )  # fmt: skip
         why = volume_refusal(
-            volume.attrs.get("Labels"), install=spec.install_id or portal_id(), owner_id=spec.owner_id, owner_key=key
+            volume.attrs.get("Labels"),
+            install=spec.install_id or portal_id(),
+            owner_id=spec.owner_id,
+            owner_key=key,
         )
         if why:
             raise workspace_refused(host_name=self.host.name, volume=name, owner_id=spec.owner_id, why=why)
@@ -529,6 +536,14 @@ class DockerDriver(Driver):
         except docker.errors.NotFound:
             return False
 
+    def _ports_address(self, container, network: str) -> str | None:
+        """The container's IP address on its own network when the portal can reach it there (this
+        machine's engine), else None."""
+        if not self.engine.is_local_engine:
+            return None
+        networks = container.attrs.get("NetworkSettings", {}).get("Networks") or {}
+        return (networks.get(network) or {}).get("IPAddress") or None
+
     def _endpoint(self, container) -> tuple[str, int]:
         bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(
             f"{JUPYTER_PORT}/tcp"
@@ -555,8 +570,6 @@ class DockerDriver(Driver):
             self._remove_networks(client, instance_id)
         except Exception:  # the failure being reported matters more than this cleanup's
             logger.warning("could not clean up after a failed start of %s", instance_id, exc_info=True)
-
-
 
 
 def authorized_keys_archive(text: str) -> bytes:

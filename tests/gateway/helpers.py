@@ -349,3 +349,48 @@ def enter_lab(portal_server, session_key: str, instance_id) -> dict[str, str]:
     assert response.status_code == 302, response.text[:300]
     assert response.headers["location"] == lab_url(instance_id)
     return lab_cookies
+
+
+def port_host(portal_server, label: str) -> str:
+    """An exposed port's own host in path mode, on the test server's port (SITE_URL is the server's)."""
+    return f"{label}.localhost:{portal_server.port}"
+
+
+def port_get(portal_server, label: str, path: str, port_cookies: dict[str, str], **kwargs) -> httpx.Response:
+    """A GET on the exposed port's host, from a browser holding `port_cookies` there."""
+    return _hop(portal_server, f"http://{port_host(portal_server, label)}{path}", port_cookies, **kwargs)
+
+
+def enter_port(
+    portal_server, label: str, *, session_key: str | None = None, share: str = "", path: str = "/"
+):
+    """Opens the exposed port `label` as a browser holding `session_key` on the portal would: asks the
+    port's host for `path` (or follows the share link when `share` is given) and follows the redirects
+    between the portal and the port's host.
+
+    Returns (the last response, the cookies the browser holds on the port's host). The last response is
+    the first one that is not a redirect between the two hosts: the app's answer, or a refusal.
+    """
+    from urllib.parse import urlencode, urljoin, urlsplit
+
+    portal_cookies = {settings.SESSION_COOKIE_NAME: session_key} if session_key else {}
+    port_cookies: dict[str, str] = {}
+    host = port_host(portal_server, label)
+    if share:
+        url = f"{portal_server.url}/ports/{label}/open?{urlencode({'share': share})}"
+    else:
+        url = f"http://{host}{path}"
+    for _ in range(8):
+        on_port_host = urlsplit(url).netloc == host
+        response = _hop(portal_server, url, port_cookies if on_port_host else portal_cookies)
+        if on_port_host:
+            remember_cookies(port_cookies, response)
+        location = response.headers.get("location")
+        if response.status_code != 302 or location is None:
+            return response, port_cookies
+        url = urljoin(url, location)
+        if urlsplit(url).netloc not in (host, urlsplit(portal_server.url).netloc):
+            return response, port_cookies
+        if urlsplit(url).path.startswith("/accounts/login"):
+            return response, port_cookies
+    raise AssertionError(f"still redirected after eight hops (last: {url})")

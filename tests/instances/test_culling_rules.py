@@ -228,6 +228,21 @@ def test_a_terminal_in_use_is_activity(running, stand_in, cull):
     assert cull(now + 56 * MINUTE).warned == 1
 
 
+def test_traffic_to_an_exposed_port_is_activity(running, stand_in, cull):
+    from portal.ports.models import ExposedPort
+
+    instance = running()
+    now = timezone.now()
+    # Nobody touched JupyterLab for two hours, but people used the app on port 8000 five minutes ago.
+    stand_in.serve(instance, last_activity=now - 120 * MINUTE)
+    ExposedPort.objects.create(
+        instance=instance, port=8000, host_label=f"{instance.short_id}-8000", last_traffic_at=now - 5 * MINUTE
+    )
+
+    assert cull(now).warned == 0
+    assert cull(now + 56 * MINUTE).warned == 1
+
+
 def test_it_skips_an_instance_whose_jupyterlab_does_not_answer_even_after_a_warning(
     running, stand_in, cull, mailoutbox
 ):

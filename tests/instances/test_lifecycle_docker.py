@@ -6,6 +6,7 @@ import time
 import uuid
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.utils import timezone
 
@@ -66,6 +67,15 @@ def test_it_launches_to_ready_and_stops_on_the_real_engine(launch):
     assert instance.step == Instance.Step.READY and instance.metered_until == instance.ready_at
     assert instance.driver_state["endpoint"].startswith("http://127.0.0.1:")
     assert [c.status for c in containers_of(instance)] == ["running"]
+    # Where the gateway reaches the instance's exposed ports: its address on its own network, which
+    # this machine routes to (JupyterLab answers there on its own port too).
+    address = instance.driver_state["address"]
+    status = httpx.get(
+        f"http://{address}:8888/instances/{instance.id}/lab/api/status",
+        headers={"Authorization": f"token {instance.jupyter_token}"},
+        timeout=10,
+    )
+    assert status.status_code == 200
 
     services.instance_stop(user=instance.user, instance_id=instance.id)
     assert lifecycle.instance_teardown(instance_id=instance.id) == "stopped"
