@@ -35,6 +35,9 @@ AUDIT_ACTIONS = {
     "host.down": "Host marked down (missed heartbeats)",
     "host.up": "Host answers again after being down",
     "instance.force_stop": "Instance force-stopped",
+    "reservation.book": "GPUs booked for a window",
+    "reservation.cancel": "Booking cancelled by the person who made it",
+    "reservation.operator_cancel": "Booking cancelled by an operator",
     "workspace.mount_refused": "A workspace volume labelled for another person or install was not mounted",
     "setting.change": "Setting changed",
 }
