@@ -176,7 +176,8 @@ def _lock_launch(cursor, instance_id) -> _Launch | None:
         return None
     state, size, host_id, reference, home_host_id, home_has_image, reservation_id, reservation_host_id = row
     return _Launch(
-        state, size, host_id, reference, home_host_id, bool(home_has_image), reservation_id, reservation_host_id
+        state, size, host_id, reference, home_host_id, bool(home_has_image),
+        reservation_id, reservation_host_id,
     )
 
 
@@ -186,7 +187,9 @@ def _reserved_condition(launch: _Launch, gpus_needed: int, runs_until, counts: d
     on a booking."""
     now = timezone.now()
     until = runs_until if runs_until is not None else now + _NO_END
-    own = Reservation._meta.pk.get_db_prep_value(launch.reservation_id, connection) if launch.reservation_id else None
+    own = None
+    if launch.reservation_id is not None:
+        own = Reservation._meta.pk.get_db_prep_value(launch.reservation_id, connection)
     adapt = connection.ops.adapt_datetimefield_value
     condition = f"{counts['free']} - {_sql(_RESERVED)} >= %s"
     params = [adapt(until), adapt(now), own, own, gpus_needed]
@@ -235,7 +238,9 @@ def _image_tiers(reference: str) -> list[tuple[str, list]]:
     ]
 
 
-def _locked_candidates(cursor, *, launch: _Launch, gpus_needed: int, reserve_whole_hosts: bool, runs_until=None):
+def _locked_candidates(
+    cursor, *, launch: _Launch, gpus_needed: int, reserve_whole_hosts: bool, runs_until=None
+):
     """Yields ids of ACTIVE hosts that can take `gpus_needed` GPUs, best first, each locked and each once.
 
     Per image tier, the owner's workspace host (launch.home_host_id, if any) comes first, then the others
@@ -296,7 +301,9 @@ def _take(cursor, *, host_id: int, instance_id, gpus_needed: int) -> list[GpuAll
     ]
 
 
-def allocate(*, instance_id, reserve_whole_hosts: bool = False, runs_until=None) -> list[GpuAllocation] | None:
+def allocate(
+    *, instance_id, reserve_whole_hosts: bool = False, runs_until=None
+) -> list[GpuAllocation] | None:
     """Give the instance its GPUs on one host, in one transaction. Returns its live allocations.
 
     Returns None when no ACTIVE host can take it now; the instance is left QUEUED for the caller to keep

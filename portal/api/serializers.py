@@ -302,7 +302,8 @@ class AvailabilitySerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
     hours = serializers.FloatField()
     free_from = serializers.DateTimeField(
-        allow_null=True, help_text="The earliest whole hour a window of that size can start; null: none ahead."
+        allow_null=True,
+        help_text="The earliest whole hour a window of that size can start; null: none ahead.",
     )
 
 

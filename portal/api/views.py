@@ -332,7 +332,9 @@ class _AvailabilityQuery(serializers.Serializer):
 
     def validate_hours(self, value):
         if value > settings.RESERVATION_MAX_HOURS:
-            raise serializers.ValidationError(f"A booking lasts at most {settings.RESERVATION_MAX_HOURS} hours.")
+            raise serializers.ValidationError(
+                f"A booking lasts at most {settings.RESERVATION_MAX_HOURS} hours."
+            )
         return value
 
 
@@ -370,7 +372,8 @@ def reservation_detail(request, reservation_id):
     """GET: one of your bookings. DELETE: cancel it before its window opens (the hold goes, nothing is
     charged); 409 once the window opened or it ended."""
     if request.method == "GET":
-        return Response(ReservationSerializer(reservations.reservation_of_owner(request.user, reservation_id)).data)
+        booking = reservations.reservation_of_owner(request.user, reservation_id)
+        return Response(ReservationSerializer(booking).data)
     cancelled = reservations.reservation_cancel(user=request.user, reservation_id=reservation_id)
     return Response(ReservationSerializer(cancelled).data)
 

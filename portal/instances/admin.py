@@ -342,7 +342,9 @@ class ReservationAdmin(admin.ModelAdmin):
         # The operators' action permission, as for a force stop: no change permission is needed here.
         return request.user.has_perm("console.force_stop_instance")
 
-    @admin.action(description="Cancel the selected bookings (asks for the reason)", permissions=["cancel_bookings"])
+    @admin.action(
+        description="Cancel the selected bookings (asks for the reason)", permissions=["cancel_bookings"]
+    )
     def cancel_bookings(self, request, queryset):
         selected = list(queryset.select_related("user", "host"))
         standing = [r for r in selected if r.state == Reservation.State.BOOKED]
@@ -355,9 +357,13 @@ class ReservationAdmin(admin.ModelAdmin):
                         reservation_id=booking.pk, actor=request.user, reason=form.cleaned_data["reason"]
                     )
                 except ValidationError as error:
-                    self.message_user(request, f"{booking.short_id}: {' '.join(error.messages)}", messages.WARNING)
+                    self.message_user(
+                        request, f"{booking.short_id}: {' '.join(error.messages)}", messages.WARNING
+                    )
             self.message_user(
-                request, f"Cancelled {len(standing)} booking(s); each booker is told your reason.", messages.SUCCESS
+                request,
+                f"Cancelled {len(standing)} booking(s); each booker is told your reason.",
+                messages.SUCCESS,
             )
             return None
         context = {

@@ -136,7 +136,9 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     allocations = []
     if on_backend is None:
         try:
-            allocations = held or scheduler.allocate(instance_id=instance_id, runs_until=_runs_until(instance))
+            allocations = held or scheduler.allocate(
+                instance_id=instance_id, runs_until=_runs_until(instance)
+            )
         except scheduler.SchedulerError:
             return "skipped"  # stopped since the claim: it gets no GPUs
         if not allocations:

@@ -274,12 +274,17 @@ class Reservation(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1, gpus__lte=8), name="reservation_gpus_1_to_8"),
             models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="reservation_window"),
-            models.CheckConstraint(condition=Q(state__in=["booked", "settled", "cancelled"]), name="reservation_state"),
-            models.CheckConstraint(condition=Q(hold_gpu_seconds__gte=0), name="reservation_hold_not_negative"),
+            models.CheckConstraint(
+                condition=Q(state__in=["booked", "settled", "cancelled"]), name="reservation_state"
+            ),
+            models.CheckConstraint(
+                condition=Q(hold_gpu_seconds__gte=0), name="reservation_hold_not_negative"
+            ),
         ]
 
     def __str__(self):
-        return f"{self.short_id} {self.gpus} GPU(s) {self.starts_at:%Y-%m-%d %H:%M}-{self.ends_at:%H:%M} ({self.state})"
+        window = f"{self.starts_at:%Y-%m-%d %H:%M}-{self.ends_at:%H:%M}"
+        return f"{self.short_id} {self.gpus} GPU(s) {window} ({self.state})"
 
     @property
     def short_id(self) -> str:

@@ -62,7 +62,7 @@ def _payer_filter(*, user, project) -> Q:
     return Q(project=project) if project is not None else Q(user=user, project__isnull=True)
 
 
-# --- Room on a host ----------------------------------------------------------------------------------------
+# --- Room on a host ------------------------------------------------------------------------------------
 
 
 def host_room(
@@ -144,7 +144,7 @@ def next_free_start(
     return None
 
 
-# --- Booking -----------------------------------------------------------------------------------------------
+# --- Booking -------------------------------------------------------------------------------------------
 
 
 def _project_owned(*, user, project) -> Project:
@@ -169,7 +169,8 @@ def _validate_window(*, gpus, starts_at, ends_at, now) -> tuple[datetime, dateti
         raise ValidationError("The window must end after it starts.", code="invalid")
     if ends_at <= now or starts_at < now - START_SLACK:
         raise ValidationError(
-            f"The window starts in the past ({starts_at:%Y-%m-%d %H:%M} UTC); it is {now:%Y-%m-%d %H:%M} UTC now.",
+            f"The window starts in the past ({starts_at:%Y-%m-%d %H:%M} UTC); "
+            f"it is {now:%Y-%m-%d %H:%M} UTC now.",
             code="past",
         )
     starts_at = max(starts_at, now)
@@ -203,7 +204,8 @@ def _check_weekly(*, user, starts_at, ends_at) -> None:
     if held + wanted > limit * 3600:
         raise ValidationError(
             f"One person may book at most {limit} hours a week (Monday to Monday, UTC); you have "
-            f"{held / 3600:g} booked in the week of {week:%Y-%m-%d}, so at most {max(limit - held / 3600, 0):g} more.",
+            f"{held / 3600:g} booked in the week of {week:%Y-%m-%d}, "
+            f"so at most {max(limit - held / 3600, 0):g} more.",
             code="weekly",
         )
 
@@ -259,7 +261,8 @@ def reservation_book(*, user, gpus: int, starts_at: datetime, ends_at: datetime,
             raise ValidationError(
                 f"Not enough credit: {gpus} GPU{'s' if gpus != 1 else ''} for "
                 f"{(ends_at - starts_at).total_seconds() / 3600:g} hours need {hours(hold)} GPU-hours; "
-                f"{whose} {hours(max(available, 0))} after other bookings and what running instances will use.",
+                f"{whose} {hours(max(available, 0))} after other bookings and what running "
+                "instances will use.",
                 code="credit",
             )
         host = _book_host(gpus=gpus, starts_at=starts_at, ends_at=ends_at, policy=policy, now=now)
@@ -312,7 +315,7 @@ def reservation_of_owner(user, reservation_id) -> Reservation:
     return found
 
 
-# --- Cancelling --------------------------------------------------------------------------------------------
+# --- Cancelling ----------------------------------------------------------------------------------------
 
 
 def _cancel(reservation_id, *, actor, reason: str, now) -> Reservation:
@@ -385,30 +388,31 @@ def reservation_operator_cancel(*, reservation_id, actor, reason: str) -> Reserv
     return reservation
 
 
-# --- Launching in the window -------------------------------------------------------------------------------
+# --- Launching in the window ---------------------------------------------------------------------------
 
 
 def booking_for_launch(*, user, reservation_id, project, now) -> Reservation | None:
     """The booking a launch goes on, before any lock: the one named (Http404 unless it is the user's own
     and paid as the launch is), else the user's open booking paid as the launch is, if any."""
-    open_now = (
-        Reservation.objects.filter(
-            user=user, state=Reservation.State.BOOKED, starts_at__lte=now, ends_at__gt=now
-        ).filter(project=project)
-        if project is not None
-        else Reservation.objects.filter(
-            user=user,
-            state=Reservation.State.BOOKED,
-            starts_at__lte=now,
-            ends_at__gt=now,
-            project__isnull=True,
-        )
-    )
     if reservation_id:
-        found = Reservation.objects.filter(id=reservation_id, user=user).first()
-        if found is None or found.project_id != (project.pk if project is not None else None):
+        found = Reservation.objects.filter(id=reservation_id, user=user).select_related("project").first()
+        if found is None:
             raise Http404("No such booking.")
+        if found.project_id != (project.pk if project is not None else None):
+            paid = f"the project {found.project.slug}" if found.project_id else "you"
+            raise ValidationError(
+                f"That booking is paid by {paid}; launch on it paid the same way"
+                + (f" (project {found.project.slug})." if found.project_id else " (no project)."),
+                code="booking",
+            )
         return found
+    open_now = Reservation.objects.filter(
+        _payer_filter(user=user, project=project),
+        user=user,
+        state=Reservation.State.BOOKED,
+        starts_at__lte=now,
+        ends_at__gt=now,
+    )
     return open_now.order_by("starts_at", "id").first()
 
 
@@ -442,7 +446,7 @@ def launch_booking(reservation: Reservation, *, size, named: bool, now) -> Reser
     return None
 
 
-# --- Extensions --------------------------------------------------------------------------------------------
+# --- Extensions ----------------------------------------------------------------------------------------
 
 
 def extension_refusal(instance: Instance, *, new_end: datetime, policy: LaunchPolicy, now) -> str:
@@ -471,13 +475,14 @@ def extension_refusal(instance: Instance, *, new_end: datetime, policy: LaunchPo
         )
         if room < booked.gpus:
             return (
-                f"Its GPUs are booked from {booked.starts_at:%Y-%m-%d %H:%M} UTC, so it cannot run past then; "
+                f"Its GPUs are booked from {booked.starts_at:%Y-%m-%d %H:%M} UTC, "
+                "so it cannot run past then; "
                 "extend by fewer hours, or launch again later on another host."
             )
     return ""
 
 
-# --- The beat: settle ended windows, warn before a window ends ----------------------------------------------
+# --- The beat: settle ended windows, warn before a window ends -----------------------------------------
 
 
 @dataclass

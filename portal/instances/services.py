@@ -376,7 +376,8 @@ def instance_extend(*, user, instance_id, hours: int) -> Instance:
     both pass.
 
     Raises Http404 for an unknown id or someone else's instance, ValidationError (code "ended", "invalid",
-    "ceiling", "no_limit", "credit" or "booked": the hours would run into a window booked on its host) with a message the owner can act on.
+    "ceiling", "no_limit", "credit" or "booked": the hours would run into a window booked on its host)
+    with a message the owner can act on.
     """
     instance = selectors.instance_of_owner(user, instance_id)
     ceiling = settings.SESSION_MAX_EXTENSION_HOURS
@@ -397,7 +398,8 @@ def instance_extend(*, user, instance_id, hours: int) -> Instance:
             raise ValidationError(
                 f"Only a running instance can be extended; this one is {instance.state}.", code="ended"
             )
-        if sessions.session_end(instance, policy) is None:
+        current_end = sessions.session_end(instance, policy)
+        if current_end is None:
             raise ValidationError(
                 "This session has no time limit, so there is nothing to extend.", code="no_limit"
             )
@@ -427,9 +429,7 @@ def instance_extend(*, user, instance_id, hours: int) -> Instance:
         crossing = reservations.extension_refusal(
             instance,
             new_end=min(
-                end
-                for end in (sessions.session_end(instance, policy) + timedelta(hours=hours), instance.deadline_at)
-                if end is not None
+                end for end in (current_end + timedelta(hours=hours), instance.deadline_at) if end is not None
             ),
             policy=policy,
             now=now,

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from portal.instances.models import Instance, LaunchPolicy, Reservation
 
-from .test_cli import CREDIT, OK, REFUSED, USAGE, logged_in  # noqa: F401  (logged_in is a fixture, used by name)
+from .test_cli import CREDIT, OK, REFUSED, USAGE, logged_in  # noqa: F401  (a fixture, used by name)
 
 
 def utc_text(hours_from_now: float) -> str:

@@ -61,3 +61,12 @@ def test_the_booker_launches_on_the_project_booking_and_the_pool_pays(alice, vll
 
     assert instance.state == Instance.State.RUNNING and instance.reservation == booking
     assert balance(alice) == 0
+
+
+def test_a_project_booking_named_by_a_personal_launch_says_how_to_launch_on_it(alice, vllm):
+    booking = open_now(book(alice, gpus=8, start_in=2, hours=2, project=vllm))
+
+    with pytest.raises(ValidationError) as caught:
+        services.instance_launch(user=alice, size="8x", image_key="cpu", reservation=booking.id)
+
+    assert caught.value.code == "booking" and "(project vllm)" in caught.value.messages[0]
