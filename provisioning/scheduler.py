@@ -12,6 +12,12 @@ Rules (docs/architecture.md, "Instances"):
   Hosts that have the image come first, so a launch waits on a pull only when no host has the image.
 - Workspaces: among those, the host that holds the owner's workspace (Workspace) comes next, before
   packing, so a launch there starts without moving it (provisioning/workspaces.py).
+- Reservations: a host's GPUs booked for a window (Reservation) that the instance could still be running
+  into are not its to take. The caller says how long the instance may run at most (`runs_until`, from
+  its session's limit or its deadline; None: no end), and a host counts as free only what is left after
+  the standing bookings whose window overlaps now to then, less the GPUs their own instances already
+  hold. An instance launched on a booking goes on the booking's host only, and its own booking does not
+  count against it.
 
 Allocation is serialised by the database, not by a process. Each host row carries its present and free
 GPU counts (GpuHost.gpus_present, gpus_free), which triggers keep in the same statement as every
@@ -41,7 +47,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from portal.instances.models import Image, Instance
+from portal.instances.models import Image, Instance, Reservation
 from portal.instances.sizes import SIZES
 
 from .models import Gpu, GpuAllocation, GpuHost, HostImage, ImageJob, Workspace
@@ -60,6 +66,7 @@ TABLES = {
     "allocation": GpuAllocation._meta.db_table,
     "host_image": HostImage._meta.db_table,
     "image_job": ImageJob._meta.db_table,
+    "reservation": Reservation._meta.db_table,
 }
 
 # The instance, locked, with what placement needs to know about it.
@@ -68,10 +75,12 @@ SELECT i.state, i.size, i.host_id, image.reference, workspace.host_id,
     EXISTS (
         SELECT 1 FROM {host_image} hi
         WHERE hi.host_id = workspace.host_id AND hi.reference = image.reference AND hi.present
-    )
+    ),
+    i.reservation_id, reservation.host_id
 FROM {instance} i
 JOIN {image} image ON image.id = i.image_id
 LEFT JOIN {workspace} workspace ON workspace.user_id = i.user_id
+LEFT JOIN {reservation} reservation ON reservation.id = i.reservation_id
 WHERE i.id = %s
 """
 # A host's present and free GPUs: the columns the triggers keep on PostgreSQL (migrations 0006, 0008), a
@@ -93,6 +102,20 @@ _PULLING = (
     f" AND job.state IN ({', '.join(['%s'] * len(ImageJob.ACTIVE_STATES))}))"
 )
 _SURVEYED = "EXISTS (SELECT 1 FROM {host_image} hi WHERE hi.host_id = h.id)"
+# GPUs of host h booked by standing reservations whose window overlaps [now, runs_until), less what their
+# own instances hold already; the instance's own booking (if any) is left out. Parameters: runs_until,
+# now, own reservation id, own reservation id.
+_RESERVED = """COALESCE((
+    SELECT SUM(r.gpus - (
+        SELECT count(*) FROM {allocation} a JOIN {instance} ri ON ri.id = a.instance_id
+        WHERE ri.reservation_id = r.id AND a.released_at IS NULL
+    ))
+    FROM {reservation} r
+    WHERE r.host_id = h.id AND r.state = 'booked' AND r.starts_at < %s AND r.ends_at > %s
+        AND (%s IS NULL OR r.id <> %s)
+), 0)"""
+# Far enough ahead to stand for "no end": past any window anyone may book.
+_NO_END = timedelta(days=3650)
 # The host's free GPUs, lowest node first, taken in one statement; allocation ids follow that order. A GPU
 # that someone took meanwhile without locking the host (only a direct write could) is skipped by the
 # one-live-holder constraint instead of failing the statement. The OFFSET keeps PostgreSQL from turning
@@ -126,6 +149,9 @@ class _Launch:
     # The host of the owner's workspace (None without one), and whether it has the image.
     home_host_id: int | None
     home_has_image: bool
+    # The booking it was launched on and that booking's host (None for an ordinary launch).
+    reservation_id: object = None
+    reservation_host_id: int | None = None
 
 
 def _sql(template: str) -> str:
@@ -149,8 +175,37 @@ def _lock_launch(cursor, instance_id) -> _Launch | None:
     row = cursor.fetchone()
     if row is None:
         return None
-    state, size, host_id, reference, home_host_id, home_has_image = row
-    return _Launch(state, size, host_id, reference, home_host_id, bool(home_has_image))
+    state, size, host_id, reference, home_host_id, home_has_image, reservation_id, reservation_host_id = row
+    return _Launch(
+        state, size, host_id, reference, home_host_id, bool(home_has_image),
+        reservation_id, reservation_host_id,
+    )
+
+
+def _reserved_condition(launch: _Launch, gpus_needed: int, runs_until, counts: dict) -> tuple[str, list]:
+    """SQL condition (and its parameters) for a host whose GPUs left after the bookings the instance
+    could run into (see _RESERVED) still number `gpus_needed`; on the booking's host only, for a launch
+    on a booking."""
+    now = timezone.now()
+    until = runs_until if runs_until is not None else now + _NO_END
+    own = None
+    if launch.reservation_id is not None:
+        own = Reservation._meta.pk.get_db_prep_value(launch.reservation_id, connection)
+    adapt = connection.ops.adapt_datetimefield_value
+    condition = f"{counts['free']} - {_sql(_RESERVED)} >= %s"
+    params = [adapt(until), adapt(now), own, own, gpus_needed]
+    if launch.reservation_id is not None:
+        condition += " AND h.id = %s"
+        params.append(launch.reservation_host_id)
+    return condition, params
+
+
+def _still_room(cursor, *, host_id: int, launch: _Launch, gpus_needed: int, runs_until) -> bool:
+    """Whether the locked host still has room once the bookings are read afresh: a booking that committed
+    while this allocation waited for the host's lock is not in the snapshot of the query that chose it."""
+    condition, params = _reserved_condition(launch, gpus_needed, runs_until, _counts())
+    cursor.execute(_sql("SELECT 1 FROM {host} h WHERE h.id = %s AND ") + condition, [host_id, *params])
+    return cursor.fetchone() is not None
 
 
 def _counts() -> dict:
@@ -184,7 +239,9 @@ def _image_tiers(reference: str) -> list[tuple[str, list]]:
     ]
 
 
-def _locked_candidates(cursor, *, launch: _Launch, gpus_needed: int, reserve_whole_hosts: bool):
+def _locked_candidates(
+    cursor, *, launch: _Launch, gpus_needed: int, reserve_whole_hosts: bool, runs_until=None
+):
     """Yields ids of ACTIVE hosts that can take `gpus_needed` GPUs, best first, each locked and each once.
 
     Per image tier, the owner's workspace host (launch.home_host_id, if any) comes first, then the others
@@ -194,6 +251,8 @@ def _locked_candidates(cursor, *, launch: _Launch, gpus_needed: int, reserve_who
     """
     counts = _counts()
     fits, fits_params = _fits(gpus_needed, reserve_whole_hosts, counts)
+    reserved, reserved_params = _reserved_condition(launch, gpus_needed, runs_until, counts)
+    fits, fits_params = f"{fits} AND {reserved}", [*fits_params, *reserved_params]
     order = _WHOLE_HOST_ORDER if gpus_needed == GPUS_PER_WHOLE_HOST else _PACKING_ORDER.format(**counts)
     lock = _lock_clause()
     base = _sql("SELECT h.id FROM {host} h WHERE h.state = %s AND ") + fits
@@ -243,13 +302,17 @@ def _take(cursor, *, host_id: int, instance_id, gpus_needed: int) -> list[GpuAll
     ]
 
 
-def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAllocation] | None:
+def allocate(
+    *, instance_id, reserve_whole_hosts: bool = False, runs_until=None
+) -> list[GpuAllocation] | None:
     """Give the instance its GPUs on one host, in one transaction. Returns its live allocations.
 
     Returns None when no ACTIVE host can take it now; the instance is left QUEUED for the caller to keep
     in the queue. Idempotent: an instance that already holds GPUs gets its existing allocations back.
     Sets instance.host; does not change the instance's state (the caller moves it on).
     `reserve_whole_hosts` (1x only) keeps entirely free 8-GPU hosts for a waiting 8x; see next_queued.
+    `runs_until` is the latest the instance may still run (None: it has no end); GPUs booked for a
+    window that opens before then are not given to it (see "Reservations" above).
 
     Raises SchedulerError for an unknown size or an instance that is not queued or provisioning, and
     Instance.DoesNotExist for an unknown id.
@@ -279,9 +342,17 @@ def allocate(*, instance_id, reserve_whole_hosts: bool = False) -> list[GpuAlloc
                 return held
 
         candidates = _locked_candidates(
-            cursor, launch=launch, gpus_needed=size.gpus, reserve_whole_hosts=reserve_whole_hosts
+            cursor,
+            launch=launch,
+            gpus_needed=size.gpus,
+            reserve_whole_hosts=reserve_whole_hosts,
+            runs_until=runs_until,
         )
         for host_id in candidates:
+            if not _still_room(
+                cursor, host_id=host_id, launch=launch, gpus_needed=size.gpus, runs_until=runs_until
+            ):
+                continue
             allocations = _take(cursor, host_id=host_id, instance_id=instance_id, gpus_needed=size.gpus)
             if allocations:
                 return allocations

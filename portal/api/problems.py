@@ -35,6 +35,12 @@ SERVICE_CODES = {
     "open_application": (409, "conflict", "Already applied"),
     "in_programme": (409, "conflict", "Already in the programme"),
     "ports_unavailable": (409, "ports-unavailable", "This instance's ports cannot be exposed"),
+    # Bookings (portal/instances/reservations.py) and launches on them.
+    "capacity": (409, "no-capacity", "No host is free for that window"),
+    "weekly": (409, "weekly-limit", "Over the weekly booking hours"),
+    "booking": (409, "booking-unusable", "That booking cannot take this launch"),
+    "booked": (409, "booked-window", "Its GPUs are booked then"),
+    "open": (409, "booking-open", "The booking's window has opened"),
 }
 # Service ValidationError codes that name the request field at fault (instance_launch's "size", "image").
 FIELD_CODES = {"size": "size", "image": "image", "port": "port", "hours": "hours", "email": "email"}

@@ -59,6 +59,7 @@ def account_summary(user, *, token: ApiToken | None) -> dict:
         "suspension": user.suspension_notice,
         "balance_gpu_seconds": balance,
         "balance_gpu_hours": hours(balance),  # four decimals when two would show nothing
+        "held_gpu_seconds": instance_selectors.held_gpu_seconds(user=user),
         "entitlements": {"tier": tier, "sizes": entitlements.allowed_sizes(user, policy, tier=tier)},
         "limits": {
             "max_live_instances": policy.max_live_instances,

@@ -100,6 +100,9 @@ class MeSerializer(serializers.Serializer):
     suspension = serializers.CharField(help_text="Why the account is suspended; empty when it is not.")
     balance_gpu_seconds = serializers.IntegerField()
     balance_gpu_hours = serializers.CharField()
+    held_gpu_seconds = serializers.IntegerField(
+        help_text="Of the balance, what is held for your standing bookings: it cannot be spent elsewhere."
+    )
     entitlements = EntitlementsSerializer()
     limits = LimitsSerializer()
     token = TokenInfoSerializer(allow_null=True, help_text="The token of this request; null for a session.")
@@ -299,6 +302,51 @@ class LaunchSerializer(serializers.Serializer):
         allow_null=True,
         help_text="Stop the instance this many seconds after the launch (60 to 604800), whatever becomes "
         "of the client: `devcloud run --timeout` sets it. Omitted: only the size's longest session applies.",
+    )
+    reservation = serializers.UUIDField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="One of your bookings whose window is open, to launch on its GPUs. Omitted: a launch "
+        "inside an open booking's window (paid the same way) goes on it anyway.",
+    )
+
+
+# --- Reservations ----------------------------------------------------------------------------------
+
+
+class ReservationSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    short_id = serializers.CharField()
+    gpus = serializers.IntegerField(help_text="GPUs booked; 8 is a whole host.")
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+    state = serializers.CharField(help_text="booked, settled (its window ended) or cancelled.")
+    host = serializers.CharField(source="host.name")
+    project = serializers.CharField(source="project.slug", allow_null=True, default=None)
+    hold_gpu_seconds = serializers.IntegerField(help_text="GPU-seconds held from the payer while booked.")
+    used_gpu_seconds = serializers.IntegerField(help_text="At settlement: what its instances used.")
+    unused_charge_gpu_seconds = serializers.IntegerField(help_text="At settlement: the unused time's charge.")
+    cancel_reason = serializers.CharField(help_text="An operator's reason, when one cancelled it.")
+    created_at = serializers.DateTimeField()
+
+
+class ReservationCreateSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField(help_text="1 to 8; 8 books a whole host.")
+    starts_at = serializers.DateTimeField(help_text="ISO 8601; UTC when no offset is given.")
+    ends_at = serializers.DateTimeField(help_text="ISO 8601; UTC when no offset is given.")
+    project = serializers.CharField(
+        required=False, allow_null=True, default=None, max_length=50,
+        help_text="A project you own, to pay from its pool; omit or null to pay yourself.",
+    )
+
+
+class AvailabilitySerializer(serializers.Serializer):
+    gpus = serializers.IntegerField()
+    hours = serializers.FloatField()
+    free_from = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The earliest whole hour a window of that size can start; null: none ahead.",
     )
 
 

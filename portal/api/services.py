@@ -134,6 +134,7 @@ def instance_launch_once(
     project: str | None = None,
     stop_after_seconds: int | None = None,
     token: ApiToken | None = None,
+    reservation=None,
 ) -> tuple[Instance, bool]:
     """Launch through portal.instances.services.instance_launch, at most once per Idempotency-Key.
 
@@ -148,7 +149,7 @@ def instance_launch_once(
 
     `project`, a project's slug, pays from its pool (instance_launch's `project`). `token`, the API token
     the request came with, is recorded as the launch's (a project's usage by token), and a robot token's
-    own live-instance limit applies.
+    own live-instance limit applies. `reservation` names one of the user's bookings to launch on.
 
     Raises IdempotencyConflict for a key used with a different body, LaunchUnavailable when the launch
     failed at once, and whatever instance_launch raises (ValidationError, PermissionDenied, Http404).
@@ -159,6 +160,7 @@ def instance_launch_once(
         "image_key": image_key,
         "project": project,
         "stop_after_seconds": stop_after_seconds,
+        "reservation": reservation,
     }
     if not idempotency_key:
         if token is None:

@@ -26,6 +26,7 @@ from portal.accounts.models import SshKey
 from portal.credits import selectors as credit_selectors
 from portal.credits import services as credit_services
 from portal.credits.forms import BonusApplyForm
+from portal.instances import reservations
 from portal.instances import selectors as instance_selectors
 from portal.instances import services as instance_services
 from portal.instances.forms import LaunchForm
@@ -40,6 +41,7 @@ from portal.projects import services as project_services
 from . import problems, robots, selectors, services
 from .models import ApiToken
 from .serializers import (
+    AvailabilitySerializer,
     BonusApplicationSerializer,
     BonusApplyRequestSerializer,
     BonusProgramSerializer,
@@ -64,6 +66,8 @@ from .serializers import (
     ProjectMemberSerializer,
     ProjectRoleSerializer,
     ProjectSerializer,
+    ReservationCreateSerializer,
+    ReservationSerializer,
     RobotTokenCreatedSerializer,
     RobotTokenCreateSerializer,
     RobotTokenSerializer,
@@ -246,6 +250,7 @@ def instances(request):
         project=robots.launch_project(_token(request), body["project"] or None),
         stop_after_seconds=launch.get("stop_after_seconds"),
         token=_token(request),
+        reservation=body.get("reservation"),
     )
     data = InstanceSerializer(instance, context={"request": request}).data
     if replayed:
@@ -372,6 +377,93 @@ def instance_port_share_revoke(request, instance_id, port, share_id):
     port_selectors.open_port_of(instance, port)
     port_services.share_revoke(user=request.user, instance_id=instance.id, share_id=share_id)
     return Response(status=204)
+
+
+# --- Reservations ------------------------------------------------------------------------------------
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="reservations_list",
+    responses=_responses({200: ReservationSerializer(many=True)}),
+    tags=["reservations"],
+)
+@extend_schema(
+    methods=["POST"],
+    operation_id="reservations_book",
+    request=ReservationCreateSerializer,
+    responses=_responses({201: ReservationSerializer}, 400, 402, 403, 404, 409),
+    tags=["reservations"],
+)
+@api_view(["GET", "POST"])
+def reservations_view(request):
+    """GET: your standing bookings, soonest first, then your latest ended or cancelled ones. POST: book
+    GPUs of one host (8: a whole host) for a window; its credit is held until the window ends. 402 without
+    the credit, 409 when no host is free for the window or over your weekly hours, 400 for a bad window."""
+    if request.method == "GET":
+        rows = reservations.reservations_of(request.user)
+        return Response(ReservationSerializer(rows, many=True).data)
+    body = _body(ReservationCreateSerializer, request)
+    booked = reservations.reservation_book(
+        user=request.user,
+        gpus=body["gpus"],
+        starts_at=body["starts_at"],
+        ends_at=body["ends_at"],
+        project=body["project"] or None,
+    )
+    return Response(ReservationSerializer(booked).data, status=201)
+
+
+class _AvailabilityQuery(serializers.Serializer):
+    gpus = serializers.IntegerField(min_value=1, max_value=8, default=8)
+    hours = serializers.FloatField(min_value=0.25, default=1, help_text="At most RESERVATION_MAX_HOURS.")
+
+    def validate_hours(self, value):
+        if value > settings.RESERVATION_MAX_HOURS:
+            raise serializers.ValidationError(
+                f"A booking lasts at most {settings.RESERVATION_MAX_HOURS} hours."
+            )
+        return value
+
+
+@extend_schema(
+    operation_id="reservations_availability",
+    parameters=[_AvailabilityQuery],
+    responses=_responses({200: AvailabilitySerializer}, 400),
+    tags=["reservations"],
+)
+@api_view(["GET"])
+def reservations_availability(request):
+    """When a window of ?hours=H on ?gpus=N GPUs (8: a whole host) can start: the earliest whole hour."""
+    query = _AvailabilityQuery(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    gpus, length = query.validated_data["gpus"], query.validated_data["hours"]
+    now = timezone.now()
+    free_from = reservations.next_free_start(gpus=gpus, duration=timedelta(hours=length), after=now, now=now)
+    return Response(AvailabilitySerializer({"gpus": gpus, "hours": length, "free_from": free_from}).data)
+
+
+@extend_schema(
+    methods=["GET"],
+    operation_id="reservations_get",
+    responses=_responses({200: ReservationSerializer}, 404),
+    tags=["reservations"],
+)
+@extend_schema(
+    methods=["DELETE"],
+    operation_id="reservations_cancel",
+    responses=_responses({200: ReservationSerializer}, 403, 404, 409),
+    tags=["reservations"],
+)
+@api_view(["GET", "DELETE"])
+def reservation_detail(request, reservation_id):
+    """GET: one of your bookings. DELETE: cancel it before its window opens (the hold goes, nothing is
+    charged); 409 once the window opened or it ended."""
+    if request.method == "GET":
+        booking = reservations.reservation_of_owner(request.user, reservation_id)
+        return Response(ReservationSerializer(booking).data)
+    cancelled = reservations.reservation_cancel(user=request.user, reservation_id=reservation_id)
+    return Response(ReservationSerializer(cancelled).data)
 
 
 class _LogQuery(serializers.Serializer):

@@ -117,14 +117,18 @@ class Api:
         project: str | None = None,
         key: str = "",
         stop_after_seconds: int | None = None,
+        reservation: str | None = None,
     ) -> dict:
         """Launch once per `key` (the Idempotency-Key): the same key again answers with the instance the
         first launch made. Without a key, one is drawn for this call and its retries: a request that
         reached the portal before the network failed is answered with its instance instead of launching
-        a second one. `project` pays from that project's pool."""
+        a second one. `project` pays from that project's pool; `reservation` (a booking's id) launches on
+        that open booking."""
         body = {"size": size, "image": image} | ({"project": project} if project else {})
         if stop_after_seconds is not None:
             body["stop_after_seconds"] = stop_after_seconds
+        if reservation:
+            body["reservation"] = reservation
         return self.request(
             "POST",
             "/instances",

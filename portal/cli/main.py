@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 import webbrowser
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -215,12 +215,14 @@ def _wait(ctx, client: Api, instance: dict, timeout: float) -> dict:
 @click.option("--wait", is_flag=True, help="Follow the launch steps until JupyterLab answers.")
 @click.option("--timeout", default=900, show_default=True, help="Seconds --wait waits.")
 @click.option("--project", help="Pay from this project's pool (its name in `devcloud projects`).")
+@click.option("--reservation", help="Launch on this open booking (its id from `devcloud reservations`).")
 @json_option
 @click.pass_context
-def launch(ctx, size, image, wait, timeout, project):
+def launch(ctx, size, image, wait, timeout, project, reservation):
     """Launch an instance (retried requests launch once)."""
     client = api(ctx, project=project)
-    instance = client.launch(size=size, image=image, project=project)
+    booking = _resolve_booking(client, reservation)["id"] if reservation else None
+    instance = client.launch(size=size, image=image, project=project, reservation=booking)
     paid_by = f" for {instance['project']}" if instance.get("project") else ""
     if not wait:
         emit(
@@ -1028,6 +1030,114 @@ def ssh_config(ctx, accept_new_gateway_key):
         "    CheckHostIP no\n"
     )
     emit(ctx, {**access, "config": block}, block.rstrip("\n"))
+
+
+# --- Reservations ----------------------------------------------------------------------------------
+
+
+def _utc(text: str) -> datetime:
+    """A date and time typed as ISO 8601 (2026-12-10T09:00, or with a space); UTC unless it says."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace(" ", "T"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a date and time like 2026-12-10T09:00 (UTC).") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _resolve_booking(client: Api, name: str) -> dict:
+    """The caller's booking named by a full id or a prefix of it (the 8-character short id)."""
+    wanted = name.strip().lower()
+    matches = [row for row in client.get("/reservations") if row["id"].startswith(wanted)] if wanted else []
+    if len(matches) != 1:
+        client.fail(
+            f"{name!r} names {'none' if not matches else 'more than one'} of your bookings. "
+            "`devcloud reservations` lists them.",
+            REFUSED,
+        )
+    return matches[0]
+
+
+def _window(row: dict) -> str:
+    return f"{row['starts_at'][:16].replace('T', ' ')} to {row['ends_at'][:16].replace('T', ' ')}"
+
+
+@cli.command()
+@click.option(
+    "--gpus", type=click.IntRange(1, 8), default=8, show_default=True, help="GPUs; 8 is a whole host."
+)
+@click.option("--start", "start", required=True, help="When the window starts, e.g. 2026-12-10T09:00 (UTC).")
+@click.option("--end", "end", help="When it ends (UTC); or give --hours.")
+@click.option("--hours", type=click.FloatRange(min=0.25), help="How long it lasts, instead of --end.")
+@click.option("--project", help="Pay from this project's pool (you must be an owner).")
+@json_option
+@click.pass_context
+def reserve(ctx, gpus, start, end, hours, project):
+    """Book GPUs of one host for a time window. Its credit is held until the window ends."""
+    if (end is None) == (hours is None):
+        raise click.UsageError("Give the window's end with --end or its length with --hours (one of them).")
+    starts_at = _utc(start)
+    ends_at = _utc(end) if end else starts_at + timedelta(hours=hours)
+    body = {"gpus": gpus, "starts_at": starts_at.isoformat(), "ends_at": ends_at.isoformat()}
+    if project:
+        body["project"] = project
+    booked = api(ctx).request("POST", "/reservations", json=body)
+    emit(
+        ctx,
+        booked,
+        f"Booked {booked['gpus']} GPU{'s' if booked['gpus'] != 1 else ''} on {booked['host']}, "
+        f"{_window(booked)} UTC ({booked['short_id']}). Inside the window: "
+        f"devcloud launch --size {'8x' if booked['gpus'] == 8 else '1x'} --image <image>",
+    )
+
+
+@cli.group(invoke_without_command=True)
+@json_option
+@click.pass_context
+def reservations(ctx):
+    """Your bookings, and when a whole host is next free. `reservations cancel ID` cancels one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    client = api(ctx)
+    rows = client.get("/reservations")
+    free = client.get("/reservations/availability", params={"gpus": 8, "hours": 1})
+    table = _table(
+        [
+            [
+                row["short_id"],
+                _window(row),
+                str(row["gpus"]),
+                row["host"],
+                row["project"] or "you",
+                row["state"],
+            ]
+            for row in rows
+        ],
+        ["ID", "WINDOW (UTC)", "GPUS", "HOST", "PAID BY", "STATE"],
+    )
+    hint = (
+        f"A whole host is next free for an hour from {free['free_from'][:16].replace('T', ' ')} UTC."
+        if free.get("free_from")
+        else "No whole host is free for an hour within the booking horizon."
+    )
+    emit(
+        ctx,
+        rows,
+        (table + "\n" if rows else "No bookings. Book: devcloud reserve --start ... --hours 2\n") + hint,
+    )
+
+
+@reservations.command(name="cancel")
+@click.argument("reservation")
+@json_option
+@click.pass_context
+def reservations_cancel(ctx, reservation):
+    """Cancel one of your bookings before its window opens; its held credit is free again."""
+    client = api(ctx)
+    booking = _resolve_booking(client, reservation)
+    cancelled = client.request("DELETE", f"/reservations/{booking['id']}")
+    emit(
+        ctx, cancelled, f"Cancelled {cancelled['short_id']} ({_window(cancelled)} UTC). Nothing was charged."
+    )
 
 
 # --- SSH keys --------------------------------------------------------------------------------------

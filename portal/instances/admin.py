@@ -1,5 +1,5 @@
-"""Operator console for instances (list, filter, timeline, container log, force stop) and the image
-catalogue (enable/disable).
+"""Operator console for instances (list, filter, timeline, container log, force stop), the image
+catalogue (enable/disable) and bookings (list, cancel with a reason).
 
 Instances are read-only here: state changes go through services (a force stop charges up to the moment,
 tells the owner why, is audited, and tears the instance down like any other stop), never through an
@@ -17,8 +17,8 @@ from django.utils.html import format_html, format_html_join
 
 from portal.credits.models import hours
 
-from . import logs, services
-from .models import Image, Instance, InstanceEvent
+from . import logs, reservations, services
+from .models import Image, Instance, InstanceEvent, Reservation
 
 # Lines of the container's output shown on the instance's page.
 LOG_TAIL_LINES = 100
@@ -298,3 +298,81 @@ class ImageAdmin(admin.ModelAdmin):
     def disable(self, request, queryset):
         count = queryset.update(is_enabled=False)
         self.message_user(request, f"Disabled {count} image(s).", messages.SUCCESS)
+
+
+class CancelBookingForm(forms.Form):
+    reason = forms.CharField(
+        max_length=ForceStopForm.base_fields["reason"].max_length,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="The person who booked reads this in an email and on their dashboard.",
+    )
+
+
+@admin.register(Reservation)
+class ReservationAdmin(admin.ModelAdmin):
+    """Bookings, read-only: an operator cancels them with a reason (the action), which tells the booker and
+    is audited; the rows change only through portal/instances/reservations.py."""
+
+    list_display = ["short_id", "user", "project", "host", "gpus", "starts_at", "ends_at", "state", "held"]
+    list_filter = ["state", "host"]
+    search_fields = ["user__email", "project__slug", "id"]
+    date_hierarchy = "starts_at"
+    actions = ["cancel_bookings"]
+    readonly_fields = [f.name for f in Reservation._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        # Operators read bookings through the permission of the action they start here, so the Operators
+        # group needs no new permission (and no migration to grant it).
+        return self.has_cancel_bookings_permission(request) or super().has_view_permission(request, obj)
+
+    @admin.display(description="Held (GPU-hours)")
+    def held(self, obj):
+        return hours(obj.hold_gpu_seconds) if obj.state == Reservation.State.BOOKED else "-"
+
+    def has_cancel_bookings_permission(self, request):
+        # The operators' action permission, as for a force stop: no change permission is needed here.
+        return request.user.has_perm("console.force_stop_instance")
+
+    @admin.action(
+        description="Cancel the selected bookings (asks for the reason)", permissions=["cancel_bookings"]
+    )
+    def cancel_bookings(self, request, queryset):
+        selected = list(queryset.select_related("user", "host"))
+        standing = [r for r in selected if r.state == Reservation.State.BOOKED]
+        confirmed = "_confirm" in request.POST
+        form = CancelBookingForm(request.POST if confirmed else None)
+        if confirmed and form.is_valid():
+            for booking in standing:
+                try:
+                    reservations.reservation_operator_cancel(
+                        reservation_id=booking.pk, actor=request.user, reason=form.cleaned_data["reason"]
+                    )
+                except ValidationError as error:
+                    self.message_user(
+                        request, f"{booking.short_id}: {' '.join(error.messages)}", messages.WARNING
+                    )
+            self.message_user(
+                request,
+                f"Cancelled {len(standing)} booking(s); each booker is told your reason.",
+                messages.SUCCESS,
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Cancel bookings",
+            "form": form,
+            "standing": standing,
+            "selected": selected,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/instances/reservation/cancel.html", context)

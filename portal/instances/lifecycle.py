@@ -35,13 +35,13 @@ from portal.credits import metering
 from portal.lib.tasks import publish
 from portal.notifications.services import notify_gpu_unhealthy, notify_instance_stopped, notify_launch_failed
 from provisioning import health, scheduler, start_slots, workspaces
-from provisioning.slurm import clusters as slurm_clusters
 from provisioning.drivers import driver_for
 from provisioning.drivers.base import DriverError, NotPlacedYet
 from provisioning.models import GpuAllocation, GpuHost
+from provisioning.slurm import clusters as slurm_clusters
 
-from . import queue, tasks, transitions
-from .models import Instance
+from . import queue, sessions, tasks, transitions
+from .models import Instance, LaunchPolicy
 from .start_spec import instance_ref, start_spec_for
 from .stop_reasons import StopReason
 from .transitions import event_record
@@ -125,7 +125,9 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     held = [] if on_backend else list(
         GpuAllocation.objects.filter(instance_id=instance_id, released_at__isnull=True).select_related("gpu")
     )
-    if not held and not on_backend and not resume and _waiting_ahead(instance):
+    # A launch on a booking starts at once, on GPUs kept for it, whoever waits for others.
+    on_booking = instance.reservation_id is not None
+    if not held and not on_backend and not resume and not on_booking and _waiting_ahead(instance):
         # Launches that already waited for GPUs go first; the queue task hands out what frees up.
         return _requeue(instance, "Waiting for free GPUs behind earlier launches")
     if claimed:
@@ -133,12 +135,14 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     allocations = []
     if on_backend is None:
         try:
-            allocations = held or scheduler.allocate(instance_id=instance_id)
+            allocations = held or scheduler.allocate(
+                instance_id=instance_id, runs_until=_runs_until(instance)
+            )
         except scheduler.SchedulerError:
             return "skipped"  # stopped since the claim: it gets no GPUs
         if not allocations:
             # No GPUs of DevCloud's own hosts are free: a partition whose scheduler places, if there is one.
-            on_backend = slurm_clusters.partition_place(instance_id=instance_id)
+            on_backend = None if on_booking else slurm_clusters.partition_place(instance_id=instance_id)
             if on_backend is None:
                 return _requeue(instance, "No GPUs are free right now")
             allocations = []
@@ -199,6 +203,13 @@ def instance_provision(*, instance_id, resume: bool = False) -> str:
     if not transitions.mark_running(instance, ready_at=timezone.now()):
         return "skipped"
     return "running"
+
+
+def _runs_until(instance: Instance):
+    """The latest the instance may run, for the scheduler to keep booked GPUs clear of it."""
+    return sessions.runs_until(
+        instance, LaunchPolicy.current(), timezone.now(), ready_within=settings.READY_TIMEOUT_SECONDS
+    )
 
 
 # On a launch's timeline when it had to wait for a start slot and got one.
@@ -569,7 +580,9 @@ def start_queued(now: datetime | None = None, *, limit: int = 100) -> int:
             continue
         try:
             allocations = scheduler.allocate(
-                instance_id=instance.id, reserve_whole_hosts=launch.reserve_whole_hosts
+                instance_id=instance.id,
+                reserve_whole_hosts=launch.reserve_whole_hosts,
+                runs_until=_runs_until(instance),
             )
         except scheduler.SchedulerError:
             continue  # stopped meanwhile

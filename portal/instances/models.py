@@ -89,6 +89,11 @@ class Instance(models.Model):
     # A run's own time limit (`devcloud run --timeout`, the API's stop_after_seconds): the portal stops the
     # instance at this time, whatever became of the client that launched it. Null: only the size's limit.
     deadline_at = models.DateTimeField(null=True, blank=True)
+    # The booking this instance runs on (portal/instances/reservations.py): placed on its host, paid from
+    # the credit held for it, stopped at its window's end (deadline_at). Null: an ordinary launch.
+    reservation = models.ForeignKey(
+        "Reservation", null=True, blank=True, on_delete=models.PROTECT, related_name="instances"
+    )
     # Hours the owner added to the session's longest length (services.instance_extend), in seconds.
     # Not to deadline_at: a run's own deadline is the client's and stays where it was set.
     extended_seconds = models.PositiveIntegerField(default=0)
@@ -218,3 +223,77 @@ class LaunchPolicy(models.Model):
         """Idle minutes after which an instance of this size is warned (then stopped after
         idle_grace_minutes); 0 means it is never culled."""
         return int(self.idle_minutes.get(size_key) or 0)
+
+
+class Reservation(models.Model):
+    """A booking of `gpus` GPUs of one host (8: the whole host) for the window [starts_at, ends_at).
+
+    Booked, its credit is held (hold_gpu_seconds, less what its instances have been charged) from the
+    paying account, the booker's own or the project's pool; the scheduler keeps its GPUs free as the window
+    nears, and inside the window only the booker launches on them. When the window ends it is settled:
+    the hold goes and the unused charge is posted. Write it only through portal/instances/reservations.py.
+    """
+
+    class State(models.TextChoices):
+        BOOKED = "booked", "Booked"
+        SETTLED = "settled", "Settled"
+        CANCELLED = "cancelled", "Cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations")
+    # The project whose pool pays; empty for a booking paid by `user`.
+    project = models.ForeignKey(
+        "projects.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="reservations"
+    )
+    host = models.ForeignKey("provisioning.GpuHost", on_delete=models.PROTECT, related_name="reservations")
+    gpus = models.PositiveSmallIntegerField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    state = models.CharField(max_length=20, choices=State.choices, default=State.BOOKED)
+    # gpus x the window's seconds: checked against the payer's credit at booking and held until settled.
+    hold_gpu_seconds = models.BigIntegerField()
+    # At settlement: what its instances were charged (at most the hold), and the unused time's charge.
+    used_gpu_seconds = models.BigIntegerField(default=0)
+    unused_charge_gpu_seconds = models.BigIntegerField(default=0)
+    # Who cancelled it and why (an operator's reason is told to the booker); blank while it stands.
+    cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cancel_reason = models.CharField(max_length=STOP_NOTE_MAX, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["starts_at", "id"]
+        indexes = [
+            # Placement and booking read a host's standing bookings by window.
+            models.Index(fields=["host", "state", "starts_at"], name="reservation_host_window"),
+            # The settling beat reads standing bookings by their end.
+            models.Index(fields=["state", "ends_at"], name="reservation_state_end"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1, gpus__lte=8), name="reservation_gpus_1_to_8"),
+            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="reservation_window"),
+            models.CheckConstraint(
+                condition=Q(state__in=["booked", "settled", "cancelled"]), name="reservation_state"
+            ),
+            models.CheckConstraint(
+                condition=Q(hold_gpu_seconds__gte=0), name="reservation_hold_not_negative"
+            ),
+        ]
+
+    def __str__(self):
+        window = f"{self.starts_at:%Y-%m-%d %H:%M}-{self.ends_at:%H:%M}"
+        return f"{self.short_id} {self.gpus} GPU(s) {window} ({self.state})"
+
+    @property
+    def short_id(self) -> str:
+        return str(self.id)[:8]
+
+    @property
+    def whole_host(self) -> bool:
+        return self.gpus == 8
+
+    def is_open(self, now) -> bool:
+        """Booked and inside its window at `now`."""
+        return self.state == self.State.BOOKED and self.starts_at <= now < self.ends_at

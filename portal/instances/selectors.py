@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import F, IntegerField, OuterRef, Q, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.http import Http404
 from django.utils import timezone
 
@@ -21,7 +22,7 @@ from provisioning.selectors import (
 from provisioning.shares import SizeResources, size_resources
 
 from . import entitlements, estimates, queue, sessions
-from .models import Image, Instance, LaunchPolicy
+from .models import Image, Instance, LaunchPolicy, Reservation
 from .sizes import SIZES, Size
 from .stop_reasons import StopReason
 
@@ -103,7 +104,48 @@ def committed_gpu_seconds(user, *, now: datetime | None = None) -> int:
     show yet.
     """
     gpus, unbilled, _ = _burning(user, now or timezone.now())
-    return gpus * launch_window_seconds() + unbilled
+    return gpus * launch_window_seconds() + unbilled + held_gpu_seconds(user=user)
+
+
+def held_gpu_seconds(*, user=None, project_id=None) -> int:
+    """Credit held for standing bookings, in GPU-seconds: for each booked Reservation paid by the user's
+    own account (or, with `project_id`, by that project's pool), its hold less what its instances have
+    been charged so far, never below 0. The balance still counts it; what may be spent is the balance
+    less this (and less what live instances will burn)."""
+    if project_id is not None:
+        payer = Q(project_id=project_id)
+    else:
+        payer = Q(user=user, project__isnull=True)
+    return _held(payer).aggregate(total=Sum("left"))["total"] or 0
+
+
+def _held(payer: Q):
+    """The standing bookings matching `payer`, each annotated with `left`: its hold less what its
+    instances were charged, never below 0."""
+    used = (
+        Instance.objects.filter(reservation=OuterRef("pk"))
+        .order_by()
+        .values("reservation")
+        .annotate(total=Sum("charged_gpu_seconds"))
+        .values("total")
+    )
+    return (
+        Reservation.objects.filter(payer, state=Reservation.State.BOOKED)
+        .annotate(used=Coalesce(Subquery(used, output_field=IntegerField()), Value(0)))
+        .annotate(left=Greatest(F("hold_gpu_seconds") - F("used"), Value(0)))
+    )
+
+
+def _held_of_user_subquery():
+    """held_gpu_seconds of the personal account an outer CreditAccount query is on, as a subquery."""
+    total = (
+        _held(Q(user=OuterRef("user"), project__isnull=True))
+        .order_by()
+        .values("user")
+        .annotate(total=Sum("left"))
+        .values("total")
+    )
+    return Coalesce(Subquery(total, output_field=IntegerField()), Value(0))
 
 
 def project_burning(project_id, *, now: datetime | None = None, user=None) -> tuple[int, int, int]:
@@ -121,7 +163,8 @@ def project_committed_gpu_seconds(project_id, *, now: datetime | None = None, us
     """What the project's live instances (those `user` launched, when given) will use from its pool
     within the launch window, in GPU-seconds: committed_gpu_seconds' rule for the project's pool."""
     gpus, unbilled, _ = project_burning(project_id, now=now, user=user)
-    return gpus * launch_window_seconds() + unbilled
+    held = held_gpu_seconds(project_id=project_id) if user is None else 0
+    return gpus * launch_window_seconds() + unbilled + held
 
 
 def running_gpus_of(user) -> int:
@@ -227,6 +270,12 @@ class LaunchOptions:
     simulated: bool = False
     # No GPU host is in service: a launch would wait in the queue until an operator adds one.
     no_host: bool = False
+    # Credit held for the user's standing bookings (held_gpu_seconds), counted in committed_gpu_seconds.
+    held_gpu_seconds: int = 0
+
+    @property
+    def held_hours(self) -> str:
+        return hours(self.held_gpu_seconds)
 
     @property
     def preparing(self) -> list[Image]:
@@ -349,10 +398,12 @@ def launch_options(
 
     `instances`, the user's instances as instances_of() lists them (every live one), saves reading the
     live ones again."""
-    account = CreditAccount.objects.filter(user=user).first()
+    # The hold comes with the account, in the same query (the list page's reads are counted).
+    account = CreditAccount.objects.filter(user=user).annotate(held=_held_of_user_subquery()).first()
     balance = account.balance_gpu_seconds if account else 0
     other_gpus, unbilled, live_count = _burning(user, now or timezone.now(), instances=instances)
-    committed = other_gpus * launch_window_seconds() + unbilled
+    held = account.held if account else 0
+    committed = other_gpus * launch_window_seconds() + unbilled + held
     catalogue = launch_catalogue()
     policy, hosts = catalogue.policy, catalogue.hosts
     applications = entitlements.standing_applications(user)
@@ -377,6 +428,7 @@ def launch_options(
     return LaunchOptions(
         balance_gpu_seconds=balance,
         committed_gpu_seconds=committed,
+        held_gpu_seconds=held,
         sizes=options,
         images=catalogue.images,
         verified=user.email_verified,

@@ -31,7 +31,7 @@ from provisioning import scheduler
 from provisioning import services as fleet
 from provisioning.selectors import image_availability, in_service_hosts
 
-from . import entitlements, selectors, sessions, tasks, transitions
+from . import entitlements, reservations, selectors, sessions, tasks, transitions
 from .models import Image, Instance, LaunchPolicy
 from .sizes import SIZES
 from .stop_reasons import STOP_NOTE_MAX, StopReason
@@ -185,7 +185,8 @@ def _check_project_launch(*, user, project: Project, pool: CreditAccount, size_o
                 f"{hours(mine)} more. Ask an owner of the project to raise the cap.",
                 code="credit",
             )
-    available = pool.balance_gpu_seconds - (gpus * selectors.launch_window_seconds() + unbilled)
+    held = selectors.held_gpu_seconds(project_id=project.pk)
+    available = pool.balance_gpu_seconds - (gpus * selectors.launch_window_seconds() + unbilled + held)
     if available < needed:
         raise ValidationError(
             f"The project {project.name}'s pool cannot cover this launch: "
@@ -214,7 +215,13 @@ def _deadline(stop_after_seconds: int | None, now):
 
 
 def instance_launch(
-    *, user, size: str, image_key: str, project=None, stop_after_seconds: int | None = None
+    *,
+    user,
+    size: str,
+    image_key: str,
+    project=None,
+    stop_after_seconds: int | None = None,
+    reservation=None,
 ) -> Instance:
     """Queue a launch of `image_key` at `size` for `user` and enqueue its provisioning. Returns the Instance.
 
@@ -236,6 +243,12 @@ def instance_launch(
     month's usage plus what their live project instances will burn in the launch window) and the pool's
     credit (balance minus what the project's live instances will burn in that window) must allow it.
 
+    Inside the window of one of the user's bookings paid as this launch is (named by `reservation`, its
+    id, or else matched by itself), the launch goes on the booking: on its host's GPUs kept for it, at
+    once, with no credit check (its credit is held) and stopped at the window's end (deadline_at). A
+    named booking that is not open or has no room for `size` is refused (code "booking"); someone else's
+    is a 404.
+
     Raises PermissionDenied for a disabled account, ValidationError with a message the person can act on
     for everything else, and LaunchUnavailable (a ValidationError) when the task queue cannot be reached:
     the instance is then marked failed, and nothing was charged.
@@ -246,6 +259,9 @@ def instance_launch(
         project = project_for_launch(user=user, project=project)
     size_obj, image = _validate_launch(
         user=user, size=size, image_key=image_key, policy=policy, project=project
+    )
+    booking = reservations.booking_for_launch(
+        user=user, reservation_id=reservation, project=project, now=timezone.now()
     )
     CreditAccount.objects.get_or_create(user=user)
     if project is not None:
@@ -283,7 +299,12 @@ def instance_launch(
         over_limit = entitlements.live_limit_refusal(live, policy.max_live_instances)
         if over_limit:
             raise ValidationError(over_limit.message, code="limit")
-        if project is not None:
+        on_booking = booking and reservations.launch_booking(
+            booking, size=size_obj, named=bool(reservation), now=now
+        )
+        if on_booking:
+            pass  # paid from the credit held for the booking
+        elif project is not None:
             _check_project_launch(user=user, project=project, pool=pool, size_obj=size_obj, now=now)
         else:
             available = account.balance_gpu_seconds - selectors.committed_gpu_seconds(user, now=now)
@@ -294,6 +315,10 @@ def instance_launch(
                     code="credit",
                 )
         paid_by = f" for the project {project.name}" if project is not None else ""
+        deadline_at = _deadline(stop_after_seconds, now)
+        if on_booking:
+            paid_by += f" on booking {on_booking.short_id} (until {on_booking.ends_at:%Y-%m-%d %H:%M} UTC)"
+            deadline_at = min(deadline_at or on_booking.ends_at, on_booking.ends_at)
         instance = transitions.queue(
             message=f"Launch of {image.name} on {size_obj.name}{paid_by} queued.",
             user=user,
@@ -302,7 +327,8 @@ def instance_launch(
             image=image,
             driver=settings.DEVCLOUD_DRIVER,
             jupyter_token=secrets.token_hex(24),
-            deadline_at=_deadline(stop_after_seconds, now),
+            deadline_at=deadline_at,
+            reservation=on_booking or None,
         )
         transaction.on_commit(lambda: publish(instance.id))
     if published.get("ok") is False:
@@ -350,7 +376,8 @@ def instance_extend(*, user, instance_id, hours: int) -> Instance:
     both pass.
 
     Raises Http404 for an unknown id or someone else's instance, ValidationError (code "ended", "invalid",
-    "ceiling", "no_limit" or "credit") with a message the owner can act on.
+    "ceiling", "no_limit", "credit" or "booked": the hours would run into a window booked on its host)
+    with a message the owner can act on.
     """
     instance = selectors.instance_of_owner(user, instance_id)
     ceiling = settings.SESSION_MAX_EXTENSION_HOURS
@@ -371,7 +398,8 @@ def instance_extend(*, user, instance_id, hours: int) -> Instance:
             raise ValidationError(
                 f"Only a running instance can be extended; this one is {instance.state}.", code="ended"
             )
-        if sessions.session_end(instance, policy) is None:
+        current_end = sessions.session_end(instance, policy)
+        if current_end is None:
             raise ValidationError(
                 "This session has no time limit, so there is nothing to extend.", code="no_limit"
             )
@@ -398,6 +426,16 @@ def instance_extend(*, user, instance_id, hours: int) -> Instance:
                 f"{hours_text(needed)} GPU-hours; {payer}.",
                 code="credit",
             )
+        crossing = reservations.extension_refusal(
+            instance,
+            new_end=min(
+                end for end in (current_end + timedelta(hours=hours), instance.deadline_at) if end is not None
+            ),
+            policy=policy,
+            now=now,
+        )
+        if crossing:
+            raise ValidationError(crossing, code="booked")
         instance.extended_seconds += hours * 3600
         instance.save(update_fields=["extended_seconds"])
         end = sessions.session_end(instance, policy)

@@ -54,3 +54,18 @@ def stops_at(instance: Instance, policy: LaunchPolicy) -> datetime | None:
     if instance.state not in Instance.LIVE_STATES or instance.state == Instance.State.STOPPING:
         return None
     return min(ends) if ends else None
+
+
+def runs_until(
+    instance: Instance, policy: LaunchPolicy, now: datetime, *, ready_within: int = 0
+) -> datetime | None:
+    """The latest `instance` may still be running, for placing it clear of booked windows: the earlier of
+    its launch's deadline and its session's end with the hours already added (for one not yet ready,
+    counted from `ready_within` seconds after `now`, the longest a start may take). None: nothing stops
+    it. Extensions past this are refused where they would reach a booked window (reservations.py)."""
+    ends = [instance.deadline_at] if instance.deadline_at is not None else []
+    limit = session_limit(instance, policy)
+    if limit is not None:
+        ready_at = instance.ready_at or now + timedelta(seconds=ready_within)
+        ends.append(ready_at + timedelta(seconds=limit.seconds + instance.extended_seconds))
+    return min(ends) if ends else None

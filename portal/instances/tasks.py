@@ -21,7 +21,7 @@ from django.conf import settings
 from portal.lib.tasks import MAX_RETRY_DELAY_SECONDS, redelivered, retry_delay  # noqa: F401 -- tests read them
 from provisioning.drivers.base import DriverError
 
-from . import culling, lifecycle, limits, logs
+from . import culling, lifecycle, limits, logs, reservations
 
 logger = logging.getLogger(__name__)
 
@@ -140,3 +140,8 @@ def instance_log_read(instance_id: str, lines: int, reply_to: str) -> dict:
     """Reads an instance's last log lines for a page or the API, which waits on `reply_to`
     (portal/instances/logs.py): the web process has no way to the engines' sockets."""
     return logs.log_reply(instance_id, lines, reply_to)
+
+
+@shared_task(name="instances.reservations_tick", acks_late=True, ignore_result=True)
+def reservations_tick() -> dict:
+    return asdict(reservations.reservations_tick())

@@ -4,17 +4,22 @@ Every view that takes an instance id looks it up through selectors.instance_of_o
 404 for someone else's instance exactly as for one that does not exist.
 """
 
+from datetime import UTC, timedelta
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_POST
 
-from . import selectors, services
+from portal.credits.models import hours
+
+from . import reservations, selectors, services
 from .efficiency import instance_efficiency
-from .forms import ExtendForm, LaunchForm
+from .forms import ExtendForm, LaunchForm, ReservationForm
 from .sizes import GB, disk_limit_bytes, workspace_limit_bytes
 
 
@@ -124,3 +129,61 @@ def instance_extend(request, instance_id):
     else:
         messages.success(request, f"Extended by {hours} hour{'s' if hours != 1 else ''}.")
     return redirect("instances:detail", instance_id=instance_id)
+
+
+def _reservations_page(request, form, *, status=200):
+    now = timezone.now()
+    whole_host_free = reservations.next_free_start(gpus=8, duration=timedelta(hours=1), after=now, now=now)
+    context = {
+        "form": form,
+        "reservations": reservations.reservations_of(request.user),
+        "held_hours": hours(selectors.held_gpu_seconds(user=request.user)),
+        "whole_host_free": whole_host_free,
+        "now": now,
+    }
+    return render(request, "instances/reservations.html", context, status=status)
+
+
+@login_required
+def reservation_list(request):
+    """The person's bookings and the form to book (GET), or a booking (POST)."""
+    if request.method != "POST":
+        return _reservations_page(request, ReservationForm())
+    form = ReservationForm(request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            booked = reservations.reservation_book(
+                user=request.user,
+                gpus=data["gpus"],
+                # The form's times are UTC, whatever the server's time zone.
+                starts_at=timezone.make_naive(data["starts_at"]).replace(tzinfo=UTC),
+                ends_at=timezone.make_naive(data["ends_at"]).replace(tzinfo=UTC),
+                project=data["project"] or None,
+            )
+        except Http404:
+            form.add_error("project", "You are not in that project.")
+        except PermissionDenied as error:
+            form.add_error("project", str(error))
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            messages.success(
+                request,
+                f"Booked {booked.gpus} GPU{'s' if booked.gpus != 1 else ''} from "
+                f"{booked.starts_at:%Y-%m-%d %H:%M} to {booked.ends_at:%Y-%m-%d %H:%M} UTC.",
+            )
+            return redirect("instances:reservations")
+    return _reservations_page(request, form, status=400)
+
+
+@login_required
+@require_POST
+def reservation_cancel(request, reservation_id):
+    try:
+        reservations.reservation_cancel(user=request.user, reservation_id=reservation_id)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, "Booking cancelled. Its credit is free again; nothing was charged.")
+    return redirect("instances:reservations")

@@ -41,6 +41,8 @@ REQUIRED_CONTEXT = {
     Kind.ACCOUNT_SUSPENDED: ("reason",),
     Kind.GPU_UNHEALTHY: ("instance_id", "instance_label", "gpu", "health_reason"),
     Kind.CI_GRANT_DECISION: ("project", "project_slug", "approved"),
+    Kind.RESERVATION_ENDING: ("reservation_id", "window", "minutes_left", "instances"),
+    Kind.RESERVATION_CANCELLED: ("reservation_id", "window", "reason"),
 }
 
 
@@ -80,6 +82,8 @@ def links(notification) -> dict[str, str]:
     project_slug = notification.context.get("project_slug")
     if project_slug:
         found["project_url"] = _absolute(reverse("projects:detail", args=[project_slug]))
+    if notification.context.get("reservation_id"):
+        found["reservations_url"] = _absolute(reverse("instances:reservations"))
     instance_id = notification.context.get("instance_id")
     if instance_id:
         found["instance_url"] = _absolute(reverse("instances:detail", args=[instance_id]))
@@ -108,6 +112,8 @@ def _action(notification) -> tuple[str, str]:
         return reverse("credits:bonus"), "See your applications"
     if kind == Kind.CI_GRANT_DECISION:
         return reverse("projects:detail", args=[context["project_slug"]]), "See the project"
+    if kind in (Kind.RESERVATION_ENDING, Kind.RESERVATION_CANCELLED):
+        return reverse("instances:reservations"), "See your bookings"
     return reverse("credits:dashboard"), "See your balance"
 
 

@@ -25,6 +25,10 @@ class Kind(models.TextChoices):
     GPU_UNHEALTHY = "gpu_unhealthy", "A GPU of your instance is failing"
     # Told to every owner of the project (portal/projects/ci_grants.py).
     CI_GRANT_DECISION = "ci_grant_decision", "CI programme application decided"
+    # A booking's window ends soon while instances run in it (portal/instances/reservations.py).
+    RESERVATION_ENDING = "reservation_ending", "Booking about to end"
+    # An operator cancelled a booking, with a reason.
+    RESERVATION_CANCELLED = "reservation_cancelled", "Booking cancelled by an operator"
 
 
 # Kinds a user may stop receiving by email. The credit warnings are advance notice only: when credit

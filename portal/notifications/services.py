@@ -216,6 +216,41 @@ def notify_session_ending(*, instance, ends_at: datetime, now: datetime) -> Noti
     )
 
 
+def _window_text(reservation) -> str:
+    return f"{reservation.starts_at:%Y-%m-%d %H:%M} to {reservation.ends_at:%Y-%m-%d %H:%M} UTC"
+
+
+def notify_reservation_ending(*, reservation, instances, now: datetime) -> Notification | None:
+    """Warn the booker that `reservation`'s window ends soon and stops `instances` (running in it) then.
+    Once per booking. Returns the Notification or None (already warned)."""
+    return notify(
+        user=reservation.user,
+        kind=Kind.RESERVATION_ENDING,
+        event_key=f"reservation:{reservation.id}:ending",
+        context={
+            "reservation_id": str(reservation.id),
+            "window": _window_text(reservation),
+            "minutes_left": max(1, round((reservation.ends_at - now).total_seconds() / 60)),
+            "instances": ", ".join(instance_label(instance) for instance in instances),
+        },
+    )
+
+
+def notify_reservation_cancelled(*, reservation, reason: str) -> Notification | None:
+    """Tell the booker an operator cancelled `reservation`, and why. Once per booking."""
+    return notify(
+        user=reservation.user,
+        kind=Kind.RESERVATION_CANCELLED,
+        event_key=f"reservation:{reservation.id}:cancelled",
+        context={
+            "reservation_id": str(reservation.id),
+            "window": _window_text(reservation),
+            "gpus": reservation.gpus,
+            "reason": reason,
+        },
+    )
+
+
 def notify_gpu_unhealthy(*, instance, gpu: str, health_reason: str, drained_at: datetime) -> Notification | None:
     """Tell the owner that a GPU their instance holds was drained as unhealthy (`gpu` names it, e.g.
     "renderD136"). The instance keeps running. Once per drain of that GPU. Returns the Notification or

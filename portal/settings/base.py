@@ -352,6 +352,14 @@ LAUNCH_MIN_CREDIT_MINUTES = env.int("LAUNCH_MIN_CREDIT_MINUTES", default=15)
 SESSION_END_WARNING_MINUTES = env.int("SESSION_END_WARNING_MINUTES", default=30)
 # The most extra hours an owner may add to one session (services.instance_extend); 0: no extending.
 SESSION_MAX_EXTENSION_HOURS = env.int("SESSION_MAX_EXTENSION_HOURS", default=8)
+# Reservations (portal/instances/reservations.py): how far ahead a window may start, in days; the longest
+# window, in hours; and the window-hours one person may book per week (Monday to Monday, UTC, counted by
+# each window's start; cancelled bookings do not count).
+RESERVATION_MAX_AHEAD_DAYS = env.int("RESERVATION_MAX_AHEAD_DAYS", default=14)
+RESERVATION_MAX_HOURS = env.int("RESERVATION_MAX_HOURS", default=24)
+RESERVATION_WEEKLY_HOURS_PER_USER = env.int("RESERVATION_WEEKLY_HOURS_PER_USER", default=48)
+# The share of a booking's unused GPU-seconds charged when its window ends, 0 to 100 (0: unused time is free).
+RESERVATION_UNUSED_CHARGE_PERCENT = env.int("RESERVATION_UNUSED_CHARGE_PERCENT", default=0)
 # Threads each web process (portal/asgi.py) runs Django's views on. A view holds one while it runs, and
 # each may hold a database connection; the JupyterLab gateway does not use them.
 WEB_THREADS = env.int("WEB_THREADS", default=4)
@@ -547,6 +555,13 @@ CELERY_BEAT_SCHEDULE["ssh-keys-prune"] = {
     "task": "accounts.prune_expired_ssh_keys",
     "schedule": 300.0,
     "options": {"expires": 300},
+}
+# Settles reservations whose window ended (hold released, unused charge posted) and warns the booker
+# before a window ends on the instances running in it (portal/instances/reservations.py).
+CELERY_BEAT_SCHEDULE["reservations-settle"] = {
+    "task": "instances.reservations_tick",
+    "schedule": float(LIMITS_SECONDS),
+    "options": {"expires": LIMITS_SECONDS},
 }
 
 # --- Operations: health and metrics (deploy/README.md) ---------------------------------------
