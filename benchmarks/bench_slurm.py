@@ -21,8 +21,11 @@ The two sides:
 - portal: `services.instance_launch` (what the Launch button's view calls) -> the provisioning worker
   hands it to the partition, submits its job through slurmrestd, waits for the job's report of its node
   and ports and then for JupyterLab -> the first 200 of GET /instances/<id>/lab/api/status through the
-  gateway with the owner's session cookie. As in bench_launch, the clock waits for the instance to run
-  (bench_launch.StateWatcher; the gateway refuses an instance until it runs) and then asks the gateway.
+  gateway with the owner's session cookie. The clock waits for the instance to run (the gateway refuses an
+  instance until it runs) and then asks the gateway. It learns that the instance runs from PostgreSQL
+  (RunningWatcher: NOTIFY from a trigger on the scratch database's instance table), not by reading the
+  row every 10 ms as bench_launch's StateWatcher does: those reads took CPU from the starting job on the
+  portal's side only (the plain side's clock sleeps until its report comes; docs/slurm.md has figures).
 - plain: the same job, provisioning.slurm.job.batch_script() and job_request() with the parameters the
   driver passes (from the warm-up launch's start spec: GPUs, CPUs, memory, /dev/shm, time limit, image,
   partition, the person's workspace, heartbeat), submitted with SlurmRest.submit. A small HTTP server on
@@ -78,7 +81,8 @@ BURST = 8
 # Rounds per side, alternating which side goes first (an even number favours neither).
 BURST_ROUNDS = int(os.environ.get("BENCH_SLURM_BURST_ROUNDS", "4"))
 TARGET_RATIO = 1.10
-# How often the clocks look: every 10 ms for a single launch, every 50 ms in a burst (eight clocks at
+# How often the clocks ask JupyterLab, directly or through the gateway, once the job reported (plain) or
+# the instance runs (portal): every 10 ms for a single launch, every 50 ms in a burst (eight clocks at
 # 10 ms would themselves load two cores), on both sides alike.
 POLL = 0.01
 BURST_POLL = 0.05
@@ -299,6 +303,102 @@ class Plain:
             total=answered - started,
             phases={label: (end - begin).total_seconds() for label, begin, end in marks},
         )
+
+
+class RunningWatcher:
+    """Tells waiting clocks when their instance runs, woken by PostgreSQL rather than by polling.
+
+    A trigger on the instance table (in the bench's scratch database only) NOTIFYs on every change of an
+    instance's state; one thread LISTENs and, on each notification, reads the states of the instances
+    being waited for. Until the instance runs the clock costs nothing, as the plain side's clock, which
+    sleeps until its job's report, costs nothing: reading the rows every 10 ms (bench_launch's
+    StateWatcher) took CPU from the job starting, on the portal's side only. It also reads them every
+    SAFETY_SECONDS, for a change it could have missed while it registered a clock.
+    """
+
+    CHANNEL = "bench_instance_state"
+    SAFETY_SECONDS = 0.5
+
+    def __init__(self, database_url: str):
+        self._url = database_url
+        self._waiting: dict = {}
+        self._ended: dict = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-running-watcher", daemon=True)
+        self._listening = threading.Event()
+
+    def __enter__(self):
+        from django.db import connection
+
+        from portal.instances.models import Instance
+
+        table = connection.ops.quote_name(Instance._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                CREATE OR REPLACE FUNCTION bench_instance_state_notify() RETURNS trigger AS $$
+                BEGIN
+                  IF NEW.state IS DISTINCT FROM OLD.state THEN
+                    PERFORM pg_notify('{self.CHANNEL}', NEW.id::text);
+                  END IF;
+                  RETURN NEW;
+                END $$ LANGUAGE plpgsql;
+                DROP TRIGGER IF EXISTS bench_instance_state ON {table};
+                CREATE TRIGGER bench_instance_state AFTER UPDATE ON {table}
+                  FOR EACH ROW EXECUTE FUNCTION bench_instance_state_notify();
+                """
+            )
+        self._thread.start()
+        if not self._listening.wait(10):
+            raise RuntimeError("the running watcher did not start listening")
+        return self
+
+    def __exit__(self, *exc):
+        self._stopped.set()
+        self._thread.join(10)
+
+    def wait_running(self, instance_id, timeout: float = TIMEOUT) -> None:
+        """Returns once the instance runs. Raises RuntimeError if it ends (failed, stopped) or times out."""
+        event = threading.Event()
+        with self._lock:
+            self._waiting[instance_id] = event
+        if not event.wait(timeout):
+            raise RuntimeError(f"timed out after {timeout} s waiting for instance {instance_id} to run")
+        if instance_id in self._ended:
+            raise RuntimeError(f"launch {instance_id} ended: {self._ended[instance_id]}")
+
+    def _look(self) -> None:
+        from portal.instances.models import Instance
+
+        with self._lock:
+            ids = list(self._waiting)
+        if not ids:
+            return
+        rows = Instance.objects.filter(id__in=ids).values_list("id", "state", "failure_reason")
+        for instance_id, state, reason in rows:
+            if state in (Instance.State.FAILED, Instance.State.STOPPED):
+                self._ended[instance_id] = f"{state}: {reason}"
+            elif state != Instance.State.RUNNING:
+                continue
+            with self._lock:
+                self._waiting.pop(instance_id).set()
+
+    def _run(self):
+        import psycopg
+        from django.db import connection
+
+        try:
+            with psycopg.connect(self._url, autocommit=True) as listener:
+                listener.execute(f"LISTEN {self.CHANNEL}")
+                self._listening.set()
+                while not self._stopped.is_set():
+                    # Returns at the first notification, or after SAFETY_SECONDS without one.
+                    for _ in listener.notifies(timeout=self.SAFETY_SECONDS, stop_after=1):
+                        pass
+                    self._look()
+        finally:
+            connection.close()
 
 
 class Portal:
@@ -545,7 +645,6 @@ def _run(slurm_cluster) -> dict:
     from django.db import connection
     from django.test import override_settings
 
-    from benchmarks.bench_launch import StateWatcher
     from portal.accounts.models import User
     from portal.credits import services as credits
     from portal.instances.catalog import catalog_sync
@@ -623,7 +722,7 @@ def _run(slurm_cluster) -> dict:
             _portal_web(address, database_url, scratch / "portal.log", web_env) as portal_url,
             layout_workers(env, scratch),
             celery_publishing_to(broker_url=broker, queue=default_queue),
-            StateWatcher() as watcher,
+            RunningWatcher(database_url) as watcher,
             ReportReceiver(address) as receiver,
         ):
             partition = _register(slurm_cluster, rootfs, portal_id, portal_url)
@@ -658,7 +757,6 @@ def _run(slurm_cluster) -> dict:
                 for key, value in _report("1 launch", singles_portal, singles_plain).items()
             }
 
-            watcher.interval = BURST_POLL
             burst_portal, burst_plain = [], []
 
             def portal_burst():
