@@ -40,9 +40,9 @@ from .base import (
 
 logger = logging.getLogger(__name__)
 
-# How long one start waits for a submitted job to run and report its ports before it hands the launch
-# back as NotPlacedYet (the lifecycle asks again). Long enough for a free node (a few seconds), short
-# enough that a pending job does not hold a worker.
+# How long one start waits for a submitted job to run before it hands the launch back as NotPlacedYet
+# (the lifecycle asks again). Long enough for a free node (a few seconds), short enough that a pending job
+# does not hold a worker. A job that runs by then is waited for until it reports (REPORT_TIMEOUT_SECONDS).
 START_WAIT_SECONDS = 20.0
 # How long a running job may take to report its node and ports before the launch fails (the report
 # comes within seconds of the job starting; longer means the nodes do not reach the portal).
@@ -256,9 +256,17 @@ class SlurmDriver(Driver):
             if waiting != said:
                 say(f"Slurm job {job.job_id}: {waiting}.")
                 said = waiting
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and (
+                job.state == "PENDING" or time.monotonic() > deadline + REPORT_TIMEOUT_SECONDS
+            ):
+                # Only a job Slurm still holds is handed back: one that runs reports within seconds (up to
+                # REPORT_TIMEOUT_SECONDS, checked above), and handing it back would make its report wait
+                # for the lifecycle's next ask, seconds later, in a loaded burst.
                 raise NotPlacedYet(waiting)
-            if self._until_reported(spec.instance_id, min(JOB_POLL_SECONDS, deadline - time.monotonic())):
+            left = deadline - time.monotonic()
+            if self._until_reported(
+                spec.instance_id, min(JOB_POLL_SECONDS, left) if left > 0 else JOB_POLL_SECONDS
+            ):
                 continue  # straight to the endpoint, without asking Slurm first
             job = rest.job(job.job_id)
 

@@ -3,21 +3,37 @@ instance listens. An attacker who can reach the portal, or a tenant's job, canno
 gateway traffic to an address of their choosing."""
 
 import json
+import threading
+import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
+from django.db import connection
 
+from provisioning.drivers import driver_for
+from provisioning.drivers import slurm as slurm_driver
+from provisioning.drivers.base import NotPlacedYet
 from provisioning.models import GpuHost, SlurmCluster, SlurmJob
 from provisioning.slurm.callback import callback_token
+from provisioning.slurm.rest import Job, Node
 
 
 @pytest.fixture
 def submitted(db):
     cluster = SlurmCluster.objects.create(
-        name="hpc", rest_url="http://127.0.0.1:1", rest_user="devcloud", token_sealed="", image_root="/srv/img",
-        workspace_root="/srv/ws", job_root="/srv/jobs", callback_url="http://127.0.0.1:8000",
+        name="hpc",
+        rest_url="http://127.0.0.1:1",
+        rest_user="devcloud",
+        token_sealed="",
+        image_root="/srv/img",
+        workspace_root="/srv/ws",
+        job_root="/srv/jobs",
+        callback_url="http://127.0.0.1:8000",
     )
-    host = GpuHost.objects.create(name="hpc/gpu", backend="slurm", slurm_cluster=cluster, slurm_partition="gpu")
+    host = GpuHost.objects.create(
+        name="hpc/gpu", backend="slurm", slurm_cluster=cluster, slurm_partition="gpu"
+    )
     return SlurmJob.objects.create(instance_id=uuid.uuid4(), host=host, name="devcloud-x", job_id=41)
 
 
@@ -61,7 +77,9 @@ def test_another_instances_token_cannot_redirect_this_instance(client, submitted
 
 
 def test_a_report_naming_another_job_is_refused(client, submitted):
-    answer = report(client, submitted.instance_id, {**REPORT, "job_id": 99}, callback_token(submitted.instance_id))
+    answer = report(
+        client, submitted.instance_id, {**REPORT, "job_id": 99}, callback_token(submitted.instance_id)
+    )
 
     assert answer.status_code == 409
     submitted.refresh_from_db()
@@ -103,7 +121,9 @@ def test_each_report_is_a_sighting_with_the_gpus_use_read_on_the_node(client, su
     report(client, submitted.instance_id, REPORT, token)
     first = SlurmJob.objects.get(pk=submitted.pk).last_seen_running_at
 
-    answer = report(client, submitted.instance_id, {**REPORT, "gpu_busy": {"renderD128": 3, "renderD136": 87}}, token)
+    answer = report(
+        client, submitted.instance_id, {**REPORT, "gpu_busy": {"renderD128": 3, "renderD136": 87}}, token
+    )
 
     submitted.refresh_from_db()
     assert answer.status_code == 204
@@ -119,7 +139,12 @@ def test_a_reading_older_than_three_heartbeats_says_nothing_about_now(client, su
 
     from provisioning import hostfs
 
-    report(client, submitted.instance_id, {**REPORT, "gpu_busy": {"renderD128": 90}}, callback_token(submitted.instance_id))
+    report(
+        client,
+        submitted.instance_id,
+        {**REPORT, "gpu_busy": {"renderD128": 90}},
+        callback_token(submitted.instance_id),
+    )
     stale = timezone.now() - timedelta(seconds=3 * settings.SLURM_JOB_HEARTBEAT_SECONDS + 1)
     SlurmJob.objects.filter(pk=submitted.pk).update(last_seen_running_at=stale)
 
@@ -128,7 +153,9 @@ def test_a_reading_older_than_three_heartbeats_says_nothing_about_now(client, su
 
 @pytest.mark.parametrize("busy", [{"renderD128": 101}, {"renderD128": "90"}, ["renderD128"]])
 def test_a_gpu_reading_that_is_not_a_percent_is_refused(client, submitted, busy):
-    answer = report(client, submitted.instance_id, {**REPORT, "gpu_busy": busy}, callback_token(submitted.instance_id))
+    answer = report(
+        client, submitted.instance_id, {**REPORT, "gpu_busy": busy}, callback_token(submitted.instance_id)
+    )
 
     assert answer.status_code == 400
     submitted.refresh_from_db()
@@ -218,3 +245,64 @@ def test_a_start_waiting_without_a_report_does_not_keep_reading_the_database(sub
     assert outcome["reported"] is False
     assert outcome["after"] < 5, outcome
     assert outcome["queries"] <= 2, outcome
+
+
+class _Slurmrestd:
+    """slurmrestd's answers about the one job: `job` as it stands, and the node it runs on."""
+
+    def __init__(self, job):
+        self.answer = job
+
+    def job(self, job_id):
+        return self.answer
+
+    def nodes(self):
+        return [
+            Node(name="n1", address="10.0.0.7", state="ALLOCATED", gres="", gres_used="", partitions=["gpu"])
+        ]
+
+
+def _start_wait(submitted, job):
+    """The driver's wait for the job's report, as a start does it after submitting."""
+    driver = driver_for(submitted.host)
+    spec = SimpleNamespace(instance_id=submitted.instance_id, image_reference="devcloud/cpu:test")
+    return driver._wait_for_report(_Slurmrestd(job), spec, job, lambda line: None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_that_already_runs_is_waited_for_past_the_hand_back_time_not_handed_back(
+    client, submitted, monkeypatch
+):
+    # In a loaded burst a running job may take longer than the start's own wait to report; handing it
+    # back then left its report waiting for the lifecycle's next ask, seconds later.
+    monkeypatch.setattr(slurm_driver, "START_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(slurm_driver, "JOB_POLL_SECONDS", 0.2)
+    running = Job(
+        job_id=41, name="devcloud-x", state="RUNNING", reason="None", nodes="n1", start_time=int(time.time())
+    )
+
+    def reports_late():
+        try:
+            report(client, submitted.instance_id, REPORT, callback_token(submitted.instance_id))
+        finally:
+            connection.close()
+
+    late = threading.Timer(1.5, reports_late)
+    late.start()
+    try:
+        result = _start_wait(submitted, running)
+    finally:
+        late.join()
+
+    assert result.endpoint == "http://10.0.0.7:40001"
+    assert result.state["ssh_port"] == 40002
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_slurm_still_holds_is_handed_back_after_the_starts_wait(submitted, monkeypatch):
+    monkeypatch.setattr(slurm_driver, "START_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(slurm_driver, "JOB_POLL_SECONDS", 0.2)
+    pending = Job(job_id=41, name="devcloud-x", state="PENDING", reason="Resources", nodes="")
+
+    with pytest.raises(NotPlacedYet, match="waiting for GPUs"):
+        _start_wait(submitted, pending)
