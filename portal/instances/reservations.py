@@ -144,6 +144,74 @@ def next_free_start(
     return None
 
 
+@dataclass(frozen=True)
+class CalendarHour:
+    """One hour of the booking calendar: what could be booked for it. starts_at None: already begun."""
+
+    starts_at: datetime | None
+    # Hosts with all eight GPUs free for the hour, and GPUs free on all hosts together.
+    whole_hosts: int = 0
+    gpus: int = 0
+
+
+def free_calendar(*, now: datetime | None = None, days: int = 7) -> list[tuple[datetime, list[CalendarHour]]]:
+    """The booking calendar: for each UTC day from today, for each of its 24 hours, what is free for
+    that hour by host_room's rule (present GPUs, less standing bookings overlapping the hour, less live
+    instances that may still run when it starts). Hours already begun are None. Reads the hosts, their
+    bookings and their instances once, so the whole week costs a few queries."""
+    now = now or timezone.now()
+    policy = LaunchPolicy.current()
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    end = today + timedelta(days=days)
+    hosts = [host.pk for host in _hosts_for(WHOLE_HOST_GPUS)]
+    present = dict.fromkeys(hosts, 0)
+    for host_id in Gpu.objects.filter(host_id__in=hosts, is_present=True, is_drained=False).values_list(
+        "host_id", flat=True
+    ):
+        present[host_id] += 1
+    bookings = {host_id: [] for host_id in hosts}
+    for booking in Reservation.objects.filter(
+        host_id__in=hosts, state=Reservation.State.BOOKED, starts_at__lt=end, ends_at__gt=now
+    ):
+        bookings[booking.host_id].append(booking)
+    instances = {host_id: [] for host_id in hosts}
+    for instance in Instance.objects.filter(host_id__in=hosts, state__in=_ON_HOST_STATES).select_related(
+        "project"
+    ):
+        until = sessions.runs_until(instance, policy, now, ready_within=settings.READY_TIMEOUT_SECONDS)
+        instances[instance.host_id].append((SIZES[instance.size].gpus, until, instance.reservation_id))
+
+    def room(host_id, start: datetime) -> int:
+        overlapping = [
+            b for b in bookings[host_id] if b.starts_at < start + timedelta(hours=1) and b.ends_at > start
+        ]
+        ids = {b.id for b in overlapping}
+        left = present[host_id] - sum(b.gpus for b in overlapping)
+        for gpus, until, reservation_id in instances[host_id]:
+            if reservation_id not in ids and (until is None or until > start):
+                left -= gpus
+        return max(left, 0)
+
+    calendar = []
+    for day in range(days):
+        day_start = today + timedelta(days=day)
+        cells = []
+        for hour in range(24):
+            start = day_start + timedelta(hours=hour)
+            if start < now:
+                cells.append(CalendarHour(None))
+                continue
+            rooms = {host_id: room(host_id, start) for host_id in hosts}
+            whole = sum(
+                1
+                for host_id, free in rooms.items()
+                if free >= WHOLE_HOST_GPUS and present[host_id] == WHOLE_HOST_GPUS
+            )
+            cells.append(CalendarHour(start, whole, sum(rooms.values())))
+        calendar.append((day_start, cells))
+    return calendar
+
+
 # --- Booking -------------------------------------------------------------------------------------------
 
 

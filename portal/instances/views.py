@@ -4,7 +4,7 @@ Every view that takes an instance id looks it up through selectors.instance_of_o
 404 for someone else's instance exactly as for one that does not exist.
 """
 
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -31,6 +31,7 @@ def _list_page(request, form, *, status=200):
         "instances": instances,
         "pay_from": selectors.launch_projects_of(request.user),
         "credits_notice": selectors.credits_exhausted_notice(request.user, instances=instances),
+        **_calendar_context(timezone.now()),
     }
     return render(request, "instances/list.html", context, status=status)
 
@@ -131,10 +132,15 @@ def instance_extend(request, instance_id):
     return redirect("instances:detail", instance_id=instance_id)
 
 
+def _calendar_context(now) -> dict:
+    return {"calendar": reservations.free_calendar(now=now), "calendar_hours": range(24)}
+
+
 def _reservations_page(request, form, *, status=200):
     now = timezone.now()
     whole_host_free = reservations.next_free_start(gpus=8, duration=timedelta(hours=1), after=now, now=now)
     context = {
+        **_calendar_context(now),
         "form": form,
         "reservations": reservations.reservations_of(request.user),
         "held_hours": hours(selectors.held_gpu_seconds(user=request.user)),
@@ -144,11 +150,24 @@ def _reservations_page(request, form, *, status=200):
     return render(request, "instances/reservations.html", context, status=status)
 
 
+def _picked_hour(query) -> dict:
+    """The booking form's start and end from an hour picked on the calendar (?starts_at=...&gpus=8): a
+    one-hour window to lengthen. Anything unreadable is ignored."""
+    try:
+        starts_at = datetime.strptime(query.get("starts_at", ""), "%Y-%m-%dT%H:%M")
+    except ValueError:
+        return {}
+    initial = {"starts_at": starts_at, "ends_at": starts_at + timedelta(hours=1)}
+    if query.get("gpus", "").isdigit():
+        initial["gpus"] = int(query["gpus"])
+    return initial
+
+
 @login_required
 def reservation_list(request):
     """The person's bookings and the form to book (GET), or a booking (POST)."""
     if request.method != "POST":
-        return _reservations_page(request, ReservationForm())
+        return _reservations_page(request, ReservationForm(initial=_picked_hour(request.GET)))
     form = ReservationForm(request.POST)
     if form.is_valid():
         data = form.cleaned_data
