@@ -31,7 +31,6 @@ def _list_page(request, form, *, status=200):
         "instances": instances,
         "pay_from": selectors.launch_projects_of(request.user),
         "credits_notice": selectors.credits_exhausted_notice(request.user, instances=instances),
-        **_calendar_context(timezone.now()),
     }
     return render(request, "instances/list.html", context, status=status)
 
