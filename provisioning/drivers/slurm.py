@@ -50,12 +50,15 @@ REPORT_TIMEOUT_SECONDS = 120
 # How long stop waits for Slurm to say the cancelled job ended.
 STOP_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.25
-# While a start waits for the job's report it sleeps on the report's Redis signal, and asks slurmrestd
-# only every JOB_POLL_SECONDS (for a pending reason, or the job's end): a burst of launches asking four
-# times a second each, or reading the job's row twenty times a second, was CPU their own jobs' start-up
-# needed, on slurmctld too. Without Redis it reads the row this often instead.
+# While a start waits for the job's report it sleeps on the report's Redis signal: the report, not
+# Slurm, says the job is up. It asks slurmrestd only for the page (a pending reason, the node it starts
+# on) and for the job's end: after JOB_POLL_SECONDS, then twice as long each time up to
+# JOB_POLL_MAX_SECONDS. Every ask is an RPC to slurmctld, which schedules the whole cluster; a burst of
+# launches asking once a second each was also CPU their own jobs' start-up needed on a small cluster.
+# Without Redis it reads the job's row every REPORT_POLL_SECONDS instead.
 REPORT_POLL_SECONDS = 0.05
 JOB_POLL_SECONDS = 1.0
+JOB_POLL_MAX_SECONDS = 5.0
 # Nodes' addresses, as slurmrestd listed them, per (slurmrestd URL, node name): a launch in a burst would
 # otherwise list every node of the cluster once more just before its readiness wait.
 NODE_ADDRESS_SECONDS = 60.0
@@ -205,6 +208,7 @@ class SlurmDriver(Driver):
     def _wait_for_report(self, rest: SlurmRest, spec: StartSpec, job, say) -> StartResult:
         deadline = time.monotonic() + START_WAIT_SECONDS
         said = ""
+        asked = 0
         while True:
             if job is None or job.ended:
                 state = job.state if job else "gone"
@@ -263,12 +267,12 @@ class SlurmDriver(Driver):
                 # REPORT_TIMEOUT_SECONDS, checked above), and handing it back would make its report wait
                 # for the lifecycle's next ask, seconds later, in a loaded burst.
                 raise NotPlacedYet(waiting)
+            gap = min(JOB_POLL_SECONDS * 2**asked, JOB_POLL_MAX_SECONDS)
             left = deadline - time.monotonic()
-            if self._until_reported(
-                spec.instance_id, min(JOB_POLL_SECONDS, left) if left > 0 else JOB_POLL_SECONDS
-            ):
+            if self._until_reported(spec.instance_id, min(gap, left) if left > 0 else gap):
                 continue  # straight to the endpoint, without asking Slurm first
             job = rest.job(job.job_id)
+            asked += 1
 
     @staticmethod
     def _until_reported(instance_id, seconds: float) -> bool:

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ from django.db import connection
 
 from provisioning.drivers import driver_for
 from provisioning.drivers import slurm as slurm_driver
-from provisioning.drivers.base import NotPlacedYet
+from provisioning.drivers.base import DriverError, NotPlacedYet
 from provisioning.models import GpuHost, SlurmCluster, SlurmJob
 from provisioning.slurm.callback import callback_token
 from provisioning.slurm.rest import Job, Node
@@ -252,8 +253,10 @@ class _Slurmrestd:
 
     def __init__(self, job):
         self.answer = job
+        self.asked = 0
 
     def job(self, job_id):
+        self.asked += 1
         return self.answer
 
     def nodes(self):
@@ -262,11 +265,11 @@ class _Slurmrestd:
         ]
 
 
-def _start_wait(submitted, job):
+def _start_wait(submitted, job, slurmrestd=None):
     """The driver's wait for the job's report, as a start does it after submitting."""
     driver = driver_for(submitted.host)
     spec = SimpleNamespace(instance_id=submitted.instance_id, image_reference="devcloud/cpu:test")
-    return driver._wait_for_report(_Slurmrestd(job), spec, job, lambda line: None)
+    return driver._wait_for_report(slurmrestd or _Slurmrestd(job), spec, job, lambda line: None)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -306,3 +309,39 @@ def test_a_job_slurm_still_holds_is_handed_back_after_the_starts_wait(submitted,
 
     with pytest.raises(NotPlacedYet, match="waiting for GPUs"):
         _start_wait(submitted, pending)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_waiting_for_its_job_asks_slurm_less_and_less_often(submitted, monkeypatch):
+    # Each ask is an RPC to slurmctld, which schedules the whole cluster: a launch asking once a second
+    # for as long as its job waits is load an operator sees on the controller.
+    monkeypatch.setattr(slurm_driver, "START_WAIT_SECONDS", 3.0)
+    monkeypatch.setattr(slurm_driver, "JOB_POLL_SECONDS", 0.1)
+    monkeypatch.setattr(slurm_driver, "JOB_POLL_MAX_SECONDS", 0.8)
+    slurmrestd = _Slurmrestd(Job(job_id=41, name="devcloud-x", state="PENDING", reason="Resources", nodes=""))
+
+    with pytest.raises(NotPlacedYet):
+        _start_wait(submitted, slurmrestd.answer, slurmrestd)
+
+    # Asked after 0.1, 0.3, 0.7, 1.5, 2.3 and 3.0 s; once every 0.1 s it would have been 30 times.
+    assert slurmrestd.asked <= 7, slurmrestd.asked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_that_ends_before_reporting_fails_the_start_within_the_longest_gap(submitted, monkeypatch):
+    monkeypatch.setattr(slurm_driver, "START_WAIT_SECONDS", 20.0)
+    monkeypatch.setattr(slurm_driver, "JOB_POLL_SECONDS", 0.1)
+    monkeypatch.setattr(slurm_driver, "JOB_POLL_MAX_SECONDS", 0.4)
+    running = Job(
+        job_id=41, name="devcloud-x", state="RUNNING", reason="None", nodes="n1", start_time=int(time.time())
+    )
+    slurmrestd = _Slurmrestd(running)
+    threading.Timer(1.0, lambda: setattr(slurmrestd, "answer", replace(running, state="FAILED"))).start()
+    started = time.monotonic()
+
+    with pytest.raises(DriverError, match="ended before JupyterLab answered: FAILED") as failed:
+        _start_wait(submitted, running, slurmrestd)
+
+    assert failed.value.permanent
+    # Noticed at the next ask (0.4 s apart by then), not when the start's 20 s wait is up.
+    assert time.monotonic() - started < 5, time.monotonic() - started
