@@ -79,23 +79,9 @@ CLIENT_TIMEOUT = 15
 REST_USER = "nobody"
 
 
-# RunTimeRun. Slurm 22.05 rewrites the bundle's root.path to <bundle>/rootfs, whatever it was (fixed in
-# 23.02), so a bundle could not point at a shared root filesystem; this puts the path the bundle asked
-# for (%r) back into the copy of config.json Slurm made in its spool (%b), then runs runc.
-OCI_RUN = """#!/bin/sh
-set -eu
-bundle=$1 rootfs=$2 container=$3
-python3 -c '
-import json, sys
-path = sys.argv[1] + "/config.json"
-with open(path) as handle:
-    config = json.load(handle)
-config["root"]["path"] = sys.argv[2]
-with open(path, "w") as handle:
-    json.dump(config, handle)
-' "$bundle" "$rootfs"
-exec {runc} run "$container" -b "$bundle"
-"""
+# RunTimeRun: the deploy kit's wrapper, which puts back the bundle's root.path that Slurm 22.05 rewrites
+# (the file says how). The test cluster runs that very file, so what operators install is what is tested.
+OCI_RUN = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "oci-run"
 
 
 class SlurmUnavailable(Exception):
@@ -625,13 +611,12 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         # cgroup of the job's (deny rules) may not. %u, not %U: %U is fatal in 22.05.
         runc = f"runc --rootless=true --root={self.oci_state_dir}"
         container = "%n.%u.%j.%s.%t"
-        _write(etc / "oci-run", OCI_RUN.format(runc=runc), 0o755)
         _write(
             etc / "oci.conf",
             f'RunTimeQuery="{runc} state {container}"\n'
             f'RunTimeKill="{runc} kill -a {container}"\n'
             f'RunTimeDelete="{runc} delete --force {container}"\n'
-            f'RunTimeRun="{etc / "oci-run"} %b %r {container}"\n',
+            f'RunTimeRun="{OCI_RUN} %b %r {container} {self.oci_state_dir}"\n',
         )
 
     def _munged_start(self) -> None:
@@ -819,7 +804,13 @@ def check_machine() -> None:
     try:
         grp.getgrnam("render")
     except KeyError:
-        raise SlurmUnavailable("no `render` group for the stand-in GPUs: `groupadd -r render`") from None
+        # The group amdgpu's udev rules make; on a machine without GPUs nothing has made it yet.
+        made = subprocess.run(["groupadd", "--system", "render"], check=False, capture_output=True, text=True)
+        if made.returncode != 0:
+            raise SlurmUnavailable(
+                f"no `render` group for the stand-in GPUs, and `groupadd --system render` failed: "
+                f"{made.stderr.strip()}"
+            ) from None
     if not Path("/sys/fs/cgroup/devices/devices.allow").exists():
         raise SlurmUnavailable("no cgroup v1 devices hierarchy at /sys/fs/cgroup/devices (ConstrainDevices)")
 
