@@ -115,13 +115,17 @@ class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different request body."""
 
 
-def _request_digest(size: str, image_key: str, project: str | None, stop_after_seconds: int | None) -> str:
+def _request_digest(
+    size: str, image_key: str, project: str | None, stop_after_seconds: int | None, reservation=None
+) -> str:
     request = {"size": size, "image": image_key}
     # Each only when set, so keys stored before launches could carry them still match.
     if project:
         request["project"] = project
     if stop_after_seconds is not None:
         request["stop_after_seconds"] = stop_after_seconds
+    if reservation:
+        request["reservation"] = str(reservation)
     return _digest(json.dumps(request, sort_keys=True))
 
 
@@ -139,7 +143,8 @@ def instance_launch_once(
     """Launch through portal.instances.services.instance_launch, at most once per Idempotency-Key.
 
     Returns (instance, replayed): replayed is True when `idempotency_key` was used before with the same
-    size and image, and the instance that request launched is returned instead of launching again.
+    size, image, project, time limit and booking, and the instance that request launched is returned
+    instead of launching again.
     Without a key every call launches.
 
     The key's row is inserted first, in the launch's transaction: a concurrent retry blocks on the
@@ -168,7 +173,7 @@ def instance_launch_once(
         with transaction.atomic():
             instance = _launch_with(token, launch)
         return _published(instance), False
-    digest = _request_digest(size, image_key, project, stop_after_seconds)
+    digest = _request_digest(size, image_key, project, stop_after_seconds, reservation)
     try:
         with transaction.atomic():
             claim = IdempotentLaunch.objects.create(user=user, key=idempotency_key, request_sha256=digest)
@@ -179,8 +184,8 @@ def instance_launch_once(
         previous = IdempotentLaunch.objects.select_related("instance").get(user=user, key=idempotency_key)
         if not hmac.compare_digest(previous.request_sha256, digest):
             raise IdempotencyConflict(
-                "This Idempotency-Key was already used for a launch with a different size, image or time limit. "
-                "Use a new key for a new launch."
+                "This Idempotency-Key was already used for a launch with a different size, image, project, time "
+                "limit or booking. Use a new key for a new launch."
             ) from None
         return previous.instance, True
     try:

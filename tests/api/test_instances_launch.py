@@ -114,7 +114,7 @@ def test_it_refuses_an_idempotency_key_reused_with_another_body(rich_alice, cpu)
         422,
         kind="idempotency-key-reused",
     )
-    assert "different size, image or time limit" in body["detail"]
+    assert "different size, image, project, time limit or booking" in body["detail"]
     assert Instance.objects.filter(user=rich_alice).count() == 1
 
 

@@ -111,3 +111,30 @@ def test_a_read_only_token_cannot_book(alice, host):
     reader = token_for(alice, scope="read")[1]
 
     assert_problem(reader.post(URL, {"gpus": 1, **window()}), 403)
+
+
+def test_an_idempotency_key_used_for_a_launch_on_a_booking_does_not_replay_for_a_launch_off_it(
+    alice, alice_api, host
+):
+    # A client that retries with the key of its booked launch, but without the booking, must not be told
+    # that its launch off the booking happened: that launch would have been paid differently.
+    give(alice, 20)
+    booking = alice_api.post(URL, {"gpus": 8, **window()}).json()
+    Reservation.objects.filter(id=booking["id"]).update(
+        starts_at=timezone.now() - timedelta(minutes=1), ends_at=timezone.now() + timedelta(hours=1)
+    )
+    key = {"Idempotency-Key": "nightly-run-7"}
+    on_booking = alice_api.post(
+        "/api/v1/instances", {"size": "1x", "image": "cpu", "reservation": booking["id"]}, headers=key
+    )
+    assert on_booking.status_code == 201, on_booking.content
+
+    off_booking = alice_api.post("/api/v1/instances", {"size": "1x", "image": "cpu"}, headers=key)
+
+    body = assert_problem(off_booking, 422, kind="idempotency-key-reused")
+    assert "booking" in body["detail"]
+    again = alice_api.post(
+        "/api/v1/instances", {"size": "1x", "image": "cpu", "reservation": booking["id"]}, headers=key
+    )
+    assert again.status_code == 200 and again.json()["id"] == on_booking.json()["id"]
+    assert Instance.objects.filter(user=alice).count() == 1
