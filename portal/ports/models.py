@@ -5,6 +5,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from portal.instances.models import Instance
+
 # The lab's and sshd's ports inside an instance (provisioning/drivers/docker.py, JUPYTER_PORT and
 # SSH_PORT): the gateway already serves the first with its own rules, and the second is SSH's.
 RESERVED_PORTS = (8888, 2222)
@@ -18,11 +20,19 @@ def share_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+class ExposedPortQuerySet(models.QuerySet):
+    def open(self):
+        """Ports open now: not closed, on an instance that runs. A port is exposed only while its instance
+        runs (services.port_expose), and once the instance stops or fails its ports are closed with it,
+        whichever way it ended. (The gateway reads closed_at alone, to tell the owner the instance stopped.)"""
+        return self.filter(closed_at__isnull=True, instance__state=Instance.State.RUNNING)
+
+
 class ExposedPort(models.Model):
     """A port of an instance its owner opened to the web, at its own host name on the lab domain.
 
-    Open while `closed_at` is empty. Only the gateway reaches it, and only for the owner or a valid share
-    link; it serves nothing once the instance stops, whatever this row says.
+    Open while `closed_at` is empty and its instance runs (ExposedPort.objects.open()). Only the gateway
+    reaches it, and only for the owner or a valid share link.
     """
 
     instance = models.ForeignKey("instances.Instance", on_delete=models.CASCADE, related_name="exposed_ports")
@@ -33,6 +43,8 @@ class ExposedPort(models.Model):
     closed_at = models.DateTimeField(null=True, blank=True)
     # The last request or open websocket the gateway carried to it; idle culling counts it as use.
     last_traffic_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ExposedPortQuerySet.as_manager()
 
     class Meta:
         ordering = ["port", "id"]

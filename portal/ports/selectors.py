@@ -7,13 +7,13 @@ from .models import ExposedPort, ShareLink
 
 
 def open_ports_of(instance) -> list[ExposedPort]:
-    """The instance's open ports, lowest first."""
-    return list(ExposedPort.objects.filter(instance=instance, closed_at__isnull=True))
+    """The instance's open ports, lowest first: none once it stopped."""
+    return list(ExposedPort.objects.open().filter(instance=instance))
 
 
 def open_port_of(instance, port: int) -> ExposedPort:
     """The instance's open ExposedPort for `port`. Raises Http404 when that port is not exposed."""
-    exposed = ExposedPort.objects.filter(instance=instance, port=port, closed_at__isnull=True).first()
+    exposed = ExposedPort.objects.open().filter(instance=instance, port=port).first()
     if exposed is None:
         raise Http404(f"Port {port} of this instance is not exposed.")
     return exposed

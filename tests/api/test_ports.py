@@ -73,6 +73,19 @@ def test_a_stopped_instance_cannot_expose(alice, running):
     assert_problem(api.post(ports_url(running), {"port": 8000}), 409)
 
 
+def test_stopping_the_instance_closes_its_ports(alice, running, client):
+    _, api = token_for(alice)
+    api.post(ports_url(running), {"port": 8000})
+    client.force_login(alice)
+    assert f"{running.short_id}-8000" in client.get(f"/instances/{running.id}/ports/").content.decode()
+
+    services.instance_stop(user=alice, instance_id=running.id)
+
+    assert api.get(ports_url(running)).json() == []
+    assert_problem(api.delete(ports_url(running, "/8000")), 404)
+    assert f"{running.short_id}-8000" not in client.get(f"/instances/{running.id}/ports/").content.decode()
+
+
 def test_an_instance_whose_ports_the_gateway_cannot_reach_says_so(alice, running):
     Instance.objects.filter(pk=running.pk).update(driver_state={"endpoint": "http://127.0.0.1:1"})
     _, api = token_for(alice)
