@@ -238,4 +238,5 @@ class PortHosts:
             decision=decision,
             still_allowed=still_allowed,
             recheck_seconds=RECHECK_SECONDS,
+            upstream_name=f"The app on port {decision.port}",
         )

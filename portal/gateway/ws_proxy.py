@@ -7,6 +7,7 @@ side closes first has its close code passed to the other.
 """
 
 import asyncio
+import json
 import logging
 
 import websockets
@@ -50,6 +51,10 @@ async def refuse(scope, send, status: int, body: bytes = b"") -> None:
         await send({"type": "websocket.close", "code": 1008})
 
 
+def _message(text: str) -> bytes:
+    return json.dumps({"message": text}).encode()
+
+
 def _upstream_url(scope, endpoint: str) -> str:
     base = "ws" + endpoint[len("http") :] if endpoint.startswith("http") else endpoint
     url = base + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
@@ -58,14 +63,22 @@ def _upstream_url(scope, endpoint: str) -> str:
 
 
 async def proxy_websocket(
-    scope, receive, send, *, decision, still_allowed=None, recheck_seconds: float = 60.0
+    scope,
+    receive,
+    send,
+    *,
+    decision,
+    still_allowed=None,
+    recheck_seconds: float = 60.0,
+    upstream_name: str = "JupyterLab",
 ):
     """Proxies the websocket in `scope` to JupyterLab at `decision.endpoint` until either side closes.
 
     `still_allowed` is an async callable re-checked every `recheck_seconds`; when it says no (the user
     logged out, was deactivated, or the instance stopped), both sides are closed with 1008. Refuses the
     browser with 502 when JupyterLab cannot be reached, and with JupyterLab's own status when it
-    refuses. Never raises for network failures on either side.
+    refuses. Never raises for network failures on either side. `upstream_name` is what the messages
+    call the other end ("the app on port 8000" for an exposed port).
     """
     headers = decoded_headers(scope)
     upstream_headers = [("Origin", upstream_origin(decision.endpoint))]
@@ -88,12 +101,12 @@ async def proxy_websocket(
         )
     except InvalidStatus as error:
         await refuse(
-            scope, send, error.response.status_code, b'{"message": "JupyterLab refused the connection."}'
+            scope, send, error.response.status_code, _message(f"{upstream_name} refused the connection.")
         )
         return
     except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as error:
         logger.info("gateway: websocket %s upstream failed: %r", scope["path"], error)
-        await refuse(scope, send, 502, b'{"message": "JupyterLab isn\'t answering yet, or anymore."}')
+        await refuse(scope, send, 502, _message(f"{upstream_name} isn't answering yet, or anymore."))
         return
 
     await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
@@ -148,7 +161,7 @@ async def proxy_websocket(
         await upstream.close()
         received = upstream.protocol.close_rcvd
         if received is None:
-            await _close_browser(send, 1011, "JupyterLab went away.")
+            await _close_browser(send, 1011, f"{upstream_name} went away.")
         else:
             await _close_browser(send, _sendable(received.code, 1000), received.reason)
 

@@ -183,6 +183,29 @@ def test_a_websocket_from_another_origin_is_refused(client, alice, exposed, port
     assert refused.value.status_code == 403
 
 
+def test_a_websocket_to_a_port_nothing_listens_on_names_the_port_not_jupyterlab(
+    client, alice, alice_instance, portal_server
+):
+    import websocket
+
+    silent = services.port_expose(user=alice, instance_id=alice_instance.id, port=APP_PORT + 1)
+    _, cookies = enter_port(portal_server, silent.host_label, session_key=session_cookie_for(client, alice))
+    host = port_host(portal_server, silent.host_label)
+
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        websocket.create_connection(
+            f"ws://127.0.0.1:{portal_server.port}/ws",
+            host=host,
+            origin=f"http://{host}",
+            cookie="; ".join(f"{k}={v}" for k, v in cookies.items()),
+            timeout=30,
+        )
+
+    assert refused.value.status_code == 502
+    message = json.loads(refused.value.resp_body)["message"]
+    assert message == f"The app on port {APP_PORT + 1} isn't answering yet, or anymore."
+
+
 def test_a_share_link_admits_anyone_with_it_until_it_is_revoked(
     alice, alice_instance, exposed, portal_server
 ):
