@@ -126,20 +126,53 @@ def _book_host(*, gpus: int, starts_at, ends_at, policy, now) -> GpuHost | None:
     return None
 
 
+class _FleetRoom:
+    """The hosts a booking may use, their present GPUs, standing bookings and live instances, read once:
+    room() then answers host_room's rule for any window without a query, so a search over every hour of
+    the booking horizon, or a week's calendar, costs a few queries however many hours it tries."""
+
+    def __init__(self, *, policy: LaunchPolicy, now: datetime, until: datetime):
+        self.hosts = [host.pk for host in _hosts_for(WHOLE_HOST_GPUS)]
+        self.present = dict.fromkeys(self.hosts, 0)
+        for host_id in Gpu.objects.filter(
+            host_id__in=self.hosts, is_present=True, is_drained=False
+        ).values_list("host_id", flat=True):
+            self.present[host_id] += 1
+        self.bookings = {host_id: [] for host_id in self.hosts}
+        for booking in Reservation.objects.filter(
+            host_id__in=self.hosts, state=Reservation.State.BOOKED, starts_at__lt=until, ends_at__gt=now
+        ):
+            self.bookings[booking.host_id].append(booking)
+        self.instances = {host_id: [] for host_id in self.hosts}
+        for instance in Instance.objects.filter(
+            host_id__in=self.hosts, state__in=_ON_HOST_STATES
+        ).select_related("project"):
+            ends = sessions.runs_until(instance, policy, now, ready_within=settings.READY_TIMEOUT_SECONDS)
+            self.instances[instance.host_id].append((SIZES[instance.size].gpus, ends, instance.reservation_id))
+
+    def room(self, host_id, starts_at: datetime, ends_at: datetime) -> int:
+        """host_room(host, starts_at, ends_at), from what was read."""
+        overlapping = [b for b in self.bookings[host_id] if b.starts_at < ends_at and b.ends_at > starts_at]
+        ids = {b.id for b in overlapping}
+        left = self.present[host_id] - sum(b.gpus for b in overlapping)
+        for gpus, ends, reservation_id in self.instances[host_id]:
+            if reservation_id not in ids and (ends is None or ends > starts_at):
+                left -= gpus
+        return left
+
+
 def next_free_start(
     *, gpus: int, duration: timedelta, after: datetime, now: datetime | None = None
 ) -> datetime | None:
     """The earliest whole hour from `after` (within the booking horizon) at which some host has `gpus`
     GPUs free for `duration`; None when none is found. For the refusal's hint and the booking page."""
     now = now or timezone.now()
-    policy = LaunchPolicy.current()
     horizon = now + timedelta(days=settings.RESERVATION_MAX_AHEAD_DAYS)
     start = max(after, now).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    hosts = list(_hosts_for(gpus))
+    fleet = _FleetRoom(policy=LaunchPolicy.current(), now=now, until=horizon + duration)
     while start <= horizon:
-        for host in hosts:
-            if host_room(host, start, start + duration, policy=policy, now=now) >= gpus:
-                return start
+        if any(fleet.room(host_id, start, start + duration) >= gpus for host_id in fleet.hosts):
+            return start
         start += timedelta(hours=1)
     return None
 
@@ -160,37 +193,13 @@ def free_calendar(*, now: datetime | None = None, days: int = 7) -> list[tuple[d
     instances that may still run when it starts). Hours already begun are None. Reads the hosts, their
     bookings and their instances once, so the whole week costs a few queries."""
     now = now or timezone.now()
-    policy = LaunchPolicy.current()
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
     end = today + timedelta(days=days)
-    hosts = [host.pk for host in _hosts_for(WHOLE_HOST_GPUS)]
-    present = dict.fromkeys(hosts, 0)
-    for host_id in Gpu.objects.filter(host_id__in=hosts, is_present=True, is_drained=False).values_list(
-        "host_id", flat=True
-    ):
-        present[host_id] += 1
-    bookings = {host_id: [] for host_id in hosts}
-    for booking in Reservation.objects.filter(
-        host_id__in=hosts, state=Reservation.State.BOOKED, starts_at__lt=end, ends_at__gt=now
-    ):
-        bookings[booking.host_id].append(booking)
-    instances = {host_id: [] for host_id in hosts}
-    for instance in Instance.objects.filter(host_id__in=hosts, state__in=_ON_HOST_STATES).select_related(
-        "project"
-    ):
-        until = sessions.runs_until(instance, policy, now, ready_within=settings.READY_TIMEOUT_SECONDS)
-        instances[instance.host_id].append((SIZES[instance.size].gpus, until, instance.reservation_id))
+    fleet = _FleetRoom(policy=LaunchPolicy.current(), now=now, until=end)
+    hosts, present = fleet.hosts, fleet.present
 
     def room(host_id, start: datetime) -> int:
-        overlapping = [
-            b for b in bookings[host_id] if b.starts_at < start + timedelta(hours=1) and b.ends_at > start
-        ]
-        ids = {b.id for b in overlapping}
-        left = present[host_id] - sum(b.gpus for b in overlapping)
-        for gpus, until, reservation_id in instances[host_id]:
-            if reservation_id not in ids and (until is None or until > start):
-                left -= gpus
-        return max(left, 0)
+        return max(fleet.room(host_id, start, start + timedelta(hours=1)), 0)
 
     calendar = []
     for day in range(days):

@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from portal.instances import lifecycle, reservations, services
-from portal.instances.models import LaunchPolicy
+from portal.instances.models import LaunchPolicy, Reservation
 from provisioning.drivers import fake
 from tests.conftest import give
 
@@ -96,3 +96,35 @@ def test_a_garbled_hour_is_ignored_not_an_error(alice, alice_client, fleet):
 
     assert page.status_code == 200
     assert 'name="starts_at" value=' not in page.content.decode()
+
+
+def test_the_next_free_hour_agrees_with_host_room_and_reads_the_fleet_once(
+    alice, bob, fleet, django_assert_max_num_queries
+):
+    # The refusal's "free from ..." hint and the bookings page ask for the next whole host free; trying
+    # every hour of the horizon host by host asked the database four times per host and hour.
+    second = fake.make_host("gpu-02", gpus=8)
+    # gpu-01 is booked from 2 to 30 hours from now; gpu-02 from 2 to 20 and from 24 to 50, which leaves
+    # it 4 free hours between: too few for 6.
+    for user, host, start_in, end_in in ((alice, fleet, 2, 30), (bob, second, 2, 20), (bob, second, 24, 50)):
+        Reservation.objects.create(
+            user=user,
+            host=host,
+            gpus=8,
+            starts_at=hour_from_now(start_in),
+            ends_at=hour_from_now(end_in),
+            hold_gpu_seconds=0,
+        )
+    now = timezone.now()
+    policy = LaunchPolicy.current()
+
+    with django_assert_max_num_queries(6):
+        found = reservations.next_free_start(gpus=8, duration=timedelta(hours=6), after=now, now=now)
+
+    start = hour_from_now(1)
+    while not any(
+        reservations.host_room(host, start, start + timedelta(hours=6), policy=policy, now=now) >= 8
+        for host in (fleet, second)
+    ):
+        start += timedelta(hours=1)
+    assert found == start == hour_from_now(30)
