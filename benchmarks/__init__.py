@@ -128,6 +128,52 @@ def start_kit_web(
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
 
 
+def bench_people(count: int, *, hours: int = 100) -> list:
+    """`count` people with verified addresses (bench0@example.com, ...), each granted `hours` GPU-hours."""
+    import uuid
+
+    from django.utils import timezone
+
+    from portal.accounts.models import User
+    from portal.credits import services as credits
+
+    people = [
+        User.objects.create_user(f"bench{n}@example.com", email_verified_at=timezone.now())
+        for n in range(count)
+    ]
+    for person in people:
+        credits.credits_adjust(
+            user=person,
+            gpu_seconds=hours * 3600,
+            reason="Bench",
+            actor=None,
+            idempotency_key=str(uuid.uuid4()),
+        )
+    return people
+
+
+def kit_env(
+    *, database_url: str, broker: str, default_queue: str, launch_queue: str, portal_id: str, **more
+) -> dict:
+    """What the deploy kit's environment file gives every unit (the production settings), pointed at this
+    run's database, Redis, queues and portal id, with the settings in `more` added."""
+    from django.conf import settings
+
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "portal.settings.deployed",
+        "SECRET_KEY": settings.SECRET_KEY,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": broker,
+        "CELERY_BROKER_URL": broker,
+        "CELERY_QUEUE": default_queue,
+        "CELERY_PROVISIONING_QUEUE": launch_queue,
+        "DEVCLOUD_PORTAL_ID": portal_id,
+        "PYTHONUNBUFFERED": "1",
+        **more,
+    }
+
+
 @contextmanager
 def layout_workers(env: dict, log_dir: Path):
     """The Celery workers of portal/workers.py (not beat: a bench drives time itself), each started with

@@ -67,8 +67,15 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import (
+    bench_people,
+    ensure_cpu_image,
+    kit_env,
+    layout_workers,
+    scratch_database,
+    start_kit_web,
+)
 from benchmarks import database_url as bench_database_url
-from benchmarks import ensure_cpu_image, layout_workers, scratch_database, start_kit_web
 
 DATABASE = "devcloud_bench_launch"
 REPEAT = int(os.environ.get("BENCH_LAUNCH_REPEAT", "5"))
@@ -557,12 +564,9 @@ def main() -> dict:
     if os.geteuid() != 0:
         print("skipped: the stand-in GPU device nodes need root (mknod)")
         return {}
-    from django.conf import settings
     from django.db import connection
     from django.test import override_settings
 
-    from portal.accounts.models import User
-    from portal.credits import services as credits
     from portal.instances.catalog import catalog_sync
     from provisioning.models import GpuHost
     from tests.e2e.helpers import register_host, stand_in_dev_root
@@ -596,35 +600,19 @@ def main() -> dict:
             # not of the CPU share an operator gives each GPU (one CPU each by default).
             GpuHost.objects.filter(pk=host.pk).update(cpus_per_gpu=engine_cpus)
         catalog_sync()
-        users = [
-            User.objects.create_user(f"bench{n}@example.com", email_verified_at=_now())
-            for n in range(largest)
-        ]
-        for user in users:
-            credits.credits_adjust(
-                user=user,
-                gpu_seconds=100 * 3600,
-                reason="Bench",
-                actor=None,
-                idempotency_key=str(uuid.uuid4()),
-            )
+        users = bench_people(largest)
         database_url = bench_database_url(connection.settings_dict)
         # What the deploy kit's environment file gives the workers, pointed at this run's database, Redis
         # and queues.
-        worker_env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "portal.settings.deployed",
-            "SECRET_KEY": settings.SECRET_KEY,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": broker,
-            "CELERY_BROKER_URL": broker,
-            "CELERY_QUEUE": default_queue,
-            "CELERY_PROVISIONING_QUEUE": launch_queue,
-            "DEVCLOUD_PORTAL_ID": portal_id,
-            "DEVCLOUD_DRIVER": "docker",
-            "READY_TIMEOUT_SECONDS": "170",
-            "PYTHONUNBUFFERED": "1",
-        }
+        worker_env = kit_env(
+            database_url=database_url,
+            broker=broker,
+            default_queue=default_queue,
+            launch_queue=launch_queue,
+            portal_id=portal_id,
+            DEVCLOUD_DRIVER="docker",
+            READY_TIMEOUT_SECONDS="170",
+        )
         singles, single_plains = [], []
         figures: dict = {}
         failures: list[str] = []

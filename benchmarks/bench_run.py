@@ -56,8 +56,15 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import (
+    bench_people,
+    ensure_cpu_image,
+    kit_env,
+    layout_workers,
+    scratch_database,
+    start_kit_web,
+)
 from benchmarks import database_url as bench_database_url
-from benchmarks import ensure_cpu_image, layout_workers, scratch_database, start_kit_web
 
 DATABASE = "devcloud_bench_run"
 REPEAT = int(os.environ.get("BENCH_RUN_REPEAT", "5"))
@@ -360,14 +367,11 @@ def main() -> dict:
     if os.geteuid() != 0:
         print("skipped: the stand-in GPU device nodes need root (mknod)")
         return {}
-    from django.conf import settings
     from django.db import connection
     from django.test import override_settings
 
     from portal.accounts import services as accounts
-    from portal.accounts.models import User
     from portal.api import services as api
-    from portal.credits import services as credits
     from portal.instances.catalog import catalog_sync
     from tests.e2e.helpers import register_host, stand_in_dev_root
     from tests.gateway.helpers import free_port
@@ -394,10 +398,7 @@ def main() -> dict:
         scratch = Path(scratch)
         register_host("gpu-bench-01", stand_in_dev_root(scratch / "host-dev").path)
         catalog_sync()
-        user = User.objects.create_user("bench@example.com", email_verified_at=_now())
-        credits.credits_adjust(
-            user=user, gpu_seconds=100 * 3600, reason="Bench", actor=None, idempotency_key=str(uuid.uuid4())
-        )
+        user = bench_people(1)[0]
         private_key = scratch / "id_ed25519"
         subprocess.run(
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench", "-f", str(private_key)], check=True
@@ -407,31 +408,26 @@ def main() -> dict:
 
         # What the deploy kit's environment file gives every unit, pointed at this run's database, Redis,
         # queues and SSH gateway.
-        kit_env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "portal.settings.deployed",
-            "SECRET_KEY": settings.SECRET_KEY,
-            "DATABASE_URL": bench_database_url(connection.settings_dict),
-            "REDIS_URL": broker,
-            "CELERY_BROKER_URL": broker,
-            "CELERY_QUEUE": default_queue,
-            "CELERY_PROVISIONING_QUEUE": launch_queue,
-            "DEVCLOUD_PORTAL_ID": portal_id,
-            "DEVCLOUD_DRIVER": "docker",
+        env = kit_env(
+            database_url=bench_database_url(connection.settings_dict),
+            broker=broker,
+            default_queue=default_queue,
+            launch_queue=launch_queue,
+            portal_id=portal_id,
+            DEVCLOUD_DRIVER="docker",
             # The local engine keeps its data on ext4, which cannot enforce disk limits; "enforce" would
             # fail every launch here (tests/deploy/test_production_stack.py does the same).
-            "DEVCLOUD_DISK_LIMITS": "warn",
-            "SSH_GATEWAY_HOST": "127.0.0.1",
-            "SSH_GATEWAY_PORT": str(gateway_port),
-            "PYTHONUNBUFFERED": "1",
-        }
+            DEVCLOUD_DISK_LIMITS="warn",
+            SSH_GATEWAY_HOST="127.0.0.1",
+            SSH_GATEWAY_PORT=str(gateway_port),
+        )
         runs: list[Sample] = []
         baselines: list[Sample] = []
         try:
             with (
-                layout_workers(kit_env, scratch),
-                _ssh_gateway(gateway_port, kit_env, scratch),
-                _portal_server(web_port, kit_env["DATABASE_URL"], scratch / "portal.log", kit_env) as url,
+                layout_workers(env, scratch),
+                _ssh_gateway(gateway_port, env, scratch),
+                _portal_server(web_port, env["DATABASE_URL"], scratch / "portal.log", env) as url,
             ):
                 cli = Cli(scratch / "cli", url, token, private_key)
                 try:

@@ -72,8 +72,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import bench_people, kit_env, layout_workers, scratch_database, start_kit_web
 from benchmarks import database_url as bench_database_url
-from benchmarks import layout_workers, scratch_database, start_kit_web
 
 DATABASE = "devcloud_bench_slurm"
 SINGLES = int(os.environ.get("BENCH_SLURM_SINGLES", "8"))
@@ -645,12 +645,9 @@ def main() -> dict:
 
 
 def _run(slurm_cluster) -> dict:
-    from django.conf import settings
     from django.db import connection
     from django.test import override_settings
 
-    from portal.accounts.models import User
-    from portal.credits import services as credits
     from portal.instances.catalog import catalog_sync
     from portal.instances.models import Instance
     from portal.instances.start_spec import start_spec_for
@@ -684,33 +681,18 @@ def _run(slurm_cluster) -> dict:
     ):
         scratch = Path(scratch)
         catalog_sync()
-        users = [
-            User.objects.create_user(f"bench{n}@example.com", email_verified_at=_now()) for n in range(BURST)
-        ]
-        for user in users:
-            credits.credits_adjust(
-                user=user,
-                gpu_seconds=100 * 3600,
-                reason="Bench",
-                actor=None,
-                idempotency_key=str(uuid.uuid4()),
-            )
+        users = bench_people(BURST)
         database_url = bench_database_url(connection.settings_dict)
         # What the deploy kit's environment file gives the workers and the web unit, pointed at this run's
         # database, Redis, queues and portal id.
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "portal.settings.deployed",
-            "SECRET_KEY": settings.SECRET_KEY,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": broker,
-            "CELERY_BROKER_URL": broker,
-            "CELERY_QUEUE": default_queue,
-            "CELERY_PROVISIONING_QUEUE": launch_queue,
-            "DEVCLOUD_PORTAL_ID": portal_id,
-            "READY_TIMEOUT_SECONDS": "50",
-            "PYTHONUNBUFFERED": "1",
-        }
+        env = kit_env(
+            database_url=database_url,
+            broker=broker,
+            default_queue=default_queue,
+            launch_queue=launch_queue,
+            portal_id=portal_id,
+            READY_TIMEOUT_SECONDS="50",
+        )
         web_env = {
             key: env[key]
             for key in (

@@ -43,7 +43,6 @@ Fleet.start raises FleetUnavailable when this machine cannot run a fleet (not ro
 import concurrent.futures
 import contextlib
 import datetime
-import fcntl
 import ipaddress
 import os
 import shutil
@@ -63,6 +62,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.support.machine import alive, netns_names, take_slot
 
 # Directories of running fleets, one per slot; outside the repository, since names and addresses are
 # global to the machine whichever checkout starts the fleet.
@@ -200,20 +201,6 @@ def _in_netns(netns: str, *command: str, check: bool = True) -> subprocess.Compl
     return _run("nsenter", f"--net=/var/run/netns/{netns}", *command, check=check)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own child not reaped yet) is as good as dead.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -233,22 +220,18 @@ def _terminate(pid: int, *, grace: float) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(pid):
+    if alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        while _alive(pid) and time.monotonic() < deadline + 10:
+        while alive(pid) and time.monotonic() < deadline + 10:
             time.sleep(0.05)
 
 
 def _links() -> list[str]:
     output = _run("ip", "-o", "link", "show").stdout
     return [line.split(":", 2)[1].strip().split("@", 1)[0] for line in output.splitlines() if ":" in line]
-
-
-def _netns_names() -> list[str]:
-    return [line.split()[0] for line in _run("ip", "netns", "list").stdout.splitlines() if line.strip()]
 
 
 def _unmount_under(directory: Path) -> None:
@@ -355,7 +338,7 @@ class FleetHost:
     def pid(self) -> int | None:
         """The pid of the host's running dockerd, or None when it is not running."""
         pid = _read_pid(self.pidfile)
-        return pid if pid and _alive(pid) else None
+        return pid if pid and alive(pid) else None
 
     def client(self, *, timeout: float = CLIENT_TIMEOUT) -> docker.DockerClient:
         """A docker.DockerClient for the host's engine over mutual TLS, as the portal's worker has."""
@@ -455,7 +438,7 @@ class FleetHost:
         if pid is None:
             return
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
+        while alive(pid):
             time.sleep(0.02)
         if self._process is not None:
             self._process.wait()
@@ -469,7 +452,7 @@ class FleetHost:
         # for in vain. A pid file naming a dead process only misleads it.
         containerd_pidfile = self.exec_root / "containerd" / "containerd.pid"
         containerd_pid = _read_pid(containerd_pidfile)
-        if containerd_pid and not _alive(containerd_pid):
+        if containerd_pid and not alive(containerd_pid):
             containerd_pidfile.unlink(missing_ok=True)
         self._launch_dockerd()
         self.wait_until_answering(timeout)
@@ -579,7 +562,7 @@ class Fleet:
         check_machine()
         if not 1 <= hosts <= HOSTS_PER_SLOT:
             raise ValueError(f"a fleet has 1 to {HOSTS_PER_SLOT} hosts")
-        slot, lock_fd = _take_slot(slot)
+        slot, lock_fd = take_slot(FLEET_ROOT, SLOTS, slot, what="fleet slots", unavailable=FleetUnavailable)
         fleet = cls(slot, lock_fd)
         began = time.monotonic()
         try:
@@ -852,7 +835,7 @@ http:
             if host._process is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     host._process.wait(timeout=5)
-        for netns in _netns_names():
+        for netns in netns_names():
             if netns.startswith(self.netns_prefix):
                 for pid in _run("ip", "netns", "pids", netns, check=False).stdout.split():
                     _terminate(int(pid), grace=2)
@@ -958,22 +941,6 @@ def _stream_ok(lines, what: str) -> None:
     for line in lines:
         if "error" in line or "errorDetail" in line:
             raise FleetError(f"{what}: {line.get('error') or line.get('errorDetail')}")
-
-
-def _take_slot(wanted: int | None = None) -> tuple[int, int]:
-    """Locks a slot for the life of this process (or until the returned descriptor is closed): the
-    first free one, or `wanted`. Returns (slot, descriptor). Raises FleetUnavailable when none is free."""
-    FLEET_ROOT.mkdir(parents=True, exist_ok=True)
-    for slot in range(SLOTS) if wanted is None else [wanted]:
-        fd = os.open(FLEET_ROOT / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return slot, fd
-    taken = f"slot {wanted} is" if wanted is not None else f"all {SLOTS} fleet slots are"
-    raise FleetUnavailable(f"{taken} in use by other test sessions on this machine")
 
 
 def check_machine() -> None:

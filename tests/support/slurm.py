@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.fleet import session_fixture
+from tests.support.machine import alive, netns_names, take_slot
 
 # Directories of running clusters, one per slot; outside the repository, since names, addresses and
 # cgroups are global to the machine whichever checkout starts the cluster.
@@ -114,22 +115,8 @@ def _write(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own child not reaped yet) is as good as dead.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def _wait_gone(pids, deadline: float) -> None:
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -141,7 +128,7 @@ def _terminate(pids, *, grace: float) -> None:
             os.kill(pid, signal.SIGTERM)
     _wait_gone(pids, time.monotonic() + grace)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     _wait_gone(pids, time.monotonic() + 10)
@@ -157,10 +144,6 @@ def _pids_mentioning(text: str) -> list[int]:
             if text in Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
                 found.append(int(entry))
     return [pid for pid in found if pid != os.getpid()]
-
-
-def _netns_names() -> list[str]:
-    return [line.split()[0] for line in _run("ip", "netns", "list").stdout.splitlines() if line.strip()]
 
 
 def _free_port() -> int:
@@ -321,7 +304,7 @@ class SlurmCluster:
             raise ValueError(f"a test cluster has 1 to {MAX_NODES} nodes")
         if not 1 <= gpus_per_node <= 64:
             raise ValueError("a node has 1 to 64 stand-in GPUs")
-        slot, lock_fd = _take_slot(slot)
+        slot, lock_fd = take_slot(SLURM_ROOT, SLOTS, slot, what="cluster slots", unavailable=SlurmUnavailable)
         cluster = cls(slot, lock_fd, gpus_per_node=gpus_per_node)
         began = time.monotonic()
         try:
@@ -737,7 +720,7 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         munged = _pids_mentioning(str(directory / "munge" / "munge.key"))
         _terminate(munged, grace=3)
         # Whatever still runs on a node (a stepd or container a killed slurmd left) is in its namespace.
-        namespaces = [name for name in _netns_names() if name.startswith(self.netns_prefix)]
+        namespaces = [name for name in netns_names() if name.startswith(self.netns_prefix)]
         for netns in namespaces:
             pids = _run("ip", "netns", "pids", netns, check=False).stdout.split()
             _terminate([int(pid) for pid in pids], grace=1)
@@ -771,22 +754,6 @@ def _cmdline(pid: int) -> str:
 
 def _is_mount_point(path: str) -> bool:
     return any(line.split()[4] == path for line in Path("/proc/self/mountinfo").read_text().splitlines())
-
-
-def _take_slot(wanted: int | None = None) -> tuple[int, int]:
-    """Locks a slot for the life of this process (or until the returned descriptor is closed): the
-    first free one, or `wanted`. Returns (slot, descriptor). Raises SlurmUnavailable when none is free."""
-    SLURM_ROOT.mkdir(parents=True, exist_ok=True)
-    for slot in range(SLOTS) if wanted is None else [wanted]:
-        fd = os.open(SLURM_ROOT / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return slot, fd
-    taken = f"slot {wanted} is" if wanted is not None else f"all {SLOTS} cluster slots are"
-    raise SlurmUnavailable(f"{taken} in use by other test sessions on this machine")
 
 
 def check_machine() -> None:
