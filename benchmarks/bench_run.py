@@ -144,7 +144,7 @@ def _ssh_gateway(port: int, env: dict, scratch: Path):
     with open(log, "wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "manage.py", "ssh_gateway", "--bind", "127.0.0.1", "--port", str(port),
-             "--host-key", str(scratch / "gateway_host_key")],
+             "--host-key", env["SSH_GATEWAY_HOST_KEY"]],
             cwd=REPO,
             env=env,
             stdout=log_file,
@@ -420,6 +420,8 @@ def main() -> dict:
             DEVCLOUD_DISK_LIMITS="warn",
             SSH_GATEWAY_HOST="127.0.0.1",
             SSH_GATEWAY_PORT=str(gateway_port),
+            # Where the gateway writes its host key and the web reads it, to publish it to the CLI.
+            SSH_GATEWAY_HOST_KEY=str(scratch / "gateway_host_key"),
         )
         runs: list[Sample] = []
         baselines: list[Sample] = []
