@@ -7,6 +7,8 @@ built CPU image, and the portal in its own process with the deploy kit's web com
 settings (benchmarks.start_kit_web). Simulated 8x
 MI300X hosts (the KFD fixture sysfs and stand-in device nodes), as many as the largest burst needs,
 share the local engine; their containers may use every CPU of the engine, as a plain `docker run` may.
+The workers run with DEVCLOUD_DISK_LIMITS=warn: this machine's engine keeps its data on ext4, which cannot
+enforce the kit's disk limits.
 
 The workers are the layout `make run` and the deploy kit start (portal/workers.py): the default worker
 and the provisioning worker, each with exactly the command line `portal.workers.command()` gives them,
@@ -611,6 +613,9 @@ def main() -> dict:
             launch_queue=launch_queue,
             portal_id=portal_id,
             DEVCLOUD_DRIVER="docker",
+            # The local engine keeps its data on ext4, which cannot enforce disk limits; "enforce" would
+            # fail every launch here (tests/deploy/test_production_stack.py does the same).
+            DEVCLOUD_DISK_LIMITS="warn",
             READY_TIMEOUT_SECONDS="170",
         )
         singles, single_plains = [], []
