@@ -224,25 +224,36 @@ class StateWatcher:
         if instance_id in self._ended:
             raise RuntimeError(f"launch {instance_id} ended: {self._ended[instance_id]}")
 
+    def _look(self) -> None:
+        """Reads the states of the instances waited for, once; wakes the clocks of those that run or ended."""
+        from portal.instances.models import Instance
+
+        with self._lock:
+            ids = list(self._waiting)
+        if not ids:
+            return
+        rows = Instance.objects.filter(id__in=ids).values_list("id", "state", "failure_reason")
+        for instance_id, state, reason in rows:
+            if state in (Instance.State.FAILED, Instance.State.STOPPED):
+                self._ended[instance_id] = f"{state}: {reason}"
+            elif state != Instance.State.RUNNING:
+                continue
+            with self._lock:
+                self._waiting.pop(instance_id).set()
+
+    @contextmanager
+    def _pauses(self):
+        """Yields what to call between two looks: here, a sleep of `interval`."""
+        yield lambda: time.sleep(self.interval)
+
     def _run(self):
         from django.db import connection
 
-        from portal.instances.models import Instance
-
         try:
-            while not self._stopped.is_set():
-                with self._lock:
-                    ids = list(self._waiting)
-                if ids:
-                    rows = Instance.objects.filter(id__in=ids).values_list("id", "state", "failure_reason")
-                    for instance_id, state, reason in rows:
-                        if state in (Instance.State.FAILED, Instance.State.STOPPED):
-                            self._ended[instance_id] = f"{state}: {reason}"
-                        elif state != Instance.State.RUNNING:
-                            continue
-                        with self._lock:
-                            self._waiting.pop(instance_id).set()
-                time.sleep(self.interval)
+            with self._pauses() as pause:
+                while not self._stopped.is_set():
+                    self._look()
+                    pause()
         finally:
             connection.close()
 

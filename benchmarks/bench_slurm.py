@@ -74,6 +74,7 @@ import httpx
 
 from benchmarks import bench_people, kit_env, layout_workers, scratch_database, start_kit_web
 from benchmarks import database_url as bench_database_url
+from benchmarks.bench_launch import StateWatcher
 
 DATABASE = "devcloud_bench_slurm"
 SINGLES = int(os.environ.get("BENCH_SLURM_SINGLES", "8"))
@@ -305,27 +306,23 @@ class Plain:
         )
 
 
-class RunningWatcher:
+class RunningWatcher(StateWatcher):
     """Tells waiting clocks when their instance runs, woken by PostgreSQL rather than by polling.
 
     A trigger on the instance table (in the bench's scratch database only) NOTIFYs on every change of an
-    instance's state; one thread LISTENs and, on each notification, reads the states of the instances
-    being waited for. Until the instance runs the clock costs nothing, as the plain side's clock, which
-    sleeps until its job's report, costs nothing: reading the rows every 10 ms (bench_launch's
-    StateWatcher) took CPU from the job starting, on the portal's side only. It also reads them every
-    SAFETY_SECONDS, for a change it could have missed while it registered a clock.
+    instance's state; the watcher's thread LISTENs and, on each notification, reads the states of the
+    instances being waited for. Until the instance runs the clock costs nothing, as the plain side's
+    clock, which sleeps until its job's report, costs nothing: reading the rows every 10 ms (the
+    StateWatcher it extends) took CPU from the job starting, on the portal's side only. It also reads them
+    every SAFETY_SECONDS, for a change it could have missed while it registered a clock.
     """
 
     CHANNEL = "bench_instance_state"
     SAFETY_SECONDS = 0.5
 
     def __init__(self, database_url: str):
+        super().__init__()
         self._url = database_url
-        self._waiting: dict = {}
-        self._ended: dict = {}
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-running-watcher", daemon=True)
         self._listening = threading.Event()
 
     def __enter__(self):
@@ -349,56 +346,25 @@ class RunningWatcher:
                   FOR EACH ROW EXECUTE FUNCTION bench_instance_state_notify();
                 """
             )
-        self._thread.start()
+        super().__enter__()
         if not self._listening.wait(10):
             raise RuntimeError("the running watcher did not start listening")
         return self
 
-    def __exit__(self, *exc):
-        self._stopped.set()
-        self._thread.join(10)
-
-    def wait_running(self, instance_id, timeout: float = TIMEOUT) -> None:
-        """Returns once the instance runs. Raises RuntimeError if it ends (failed, stopped) or times out."""
-        event = threading.Event()
-        with self._lock:
-            self._waiting[instance_id] = event
-        if not event.wait(timeout):
-            raise RuntimeError(f"timed out after {timeout} s waiting for instance {instance_id} to run")
-        if instance_id in self._ended:
-            raise RuntimeError(f"launch {instance_id} ended: {self._ended[instance_id]}")
-
-    def _look(self) -> None:
-        from portal.instances.models import Instance
-
-        with self._lock:
-            ids = list(self._waiting)
-        if not ids:
-            return
-        rows = Instance.objects.filter(id__in=ids).values_list("id", "state", "failure_reason")
-        for instance_id, state, reason in rows:
-            if state in (Instance.State.FAILED, Instance.State.STOPPED):
-                self._ended[instance_id] = f"{state}: {reason}"
-            elif state != Instance.State.RUNNING:
-                continue
-            with self._lock:
-                self._waiting.pop(instance_id).set()
-
-    def _run(self):
+    @contextmanager
+    def _pauses(self):
+        """Between two looks: until the first notification, or SAFETY_SECONDS without one."""
         import psycopg
-        from django.db import connection
 
-        try:
-            with psycopg.connect(self._url, autocommit=True) as listener:
-                listener.execute(f"LISTEN {self.CHANNEL}")
-                self._listening.set()
-                while not self._stopped.is_set():
-                    # Returns at the first notification, or after SAFETY_SECONDS without one.
-                    for _ in listener.notifies(timeout=self.SAFETY_SECONDS, stop_after=1):
-                        pass
-                    self._look()
-        finally:
-            connection.close()
+        with psycopg.connect(self._url, autocommit=True) as listener:
+            listener.execute(f"LISTEN {self.CHANNEL}")
+            self._listening.set()
+
+            def pause():
+                for _ in listener.notifies(timeout=self.SAFETY_SECONDS, stop_after=1):
+                    pass
+
+            yield pause
 
 
 class Portal:
