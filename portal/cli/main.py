@@ -540,13 +540,13 @@ SSH_ATTEMPTS = 3
 def _ssh(argv: list[str], *, deadline: float, send: bytes | None = None) -> int:
     """Run OpenSSH (its output streamed; `send` on its stdin, its stdout then discarded) and return its
     exit code, trying again, up to SSH_ATTEMPTS times, a connection that broke off in the greeting.
-    Raises subprocess.TimeoutExpired past `deadline` (time.monotonic())."""
+    Raises subprocess.TimeoutExpired past `deadline` (time.monotonic(); math.inf for none)."""
     for attempt in range(1, SSH_ATTEMPTS + 1):
         code, in_greeting = _ssh_attempt(argv, deadline=deadline, send=send)
         if code != SSH_FAILED or not in_greeting or attempt == SSH_ATTEMPTS:
             return code
         click.echo(
-            f"devcloud run: the SSH connection broke off before it began; trying again "
+            f"devcloud: the SSH connection broke off before it began; trying again "
             f"({attempt + 1} of {SSH_ATTEMPTS}).",
             err=True,
         )
@@ -580,7 +580,7 @@ def _ssh_attempt(argv: list[str], *, deadline: float, send: bytes | None) -> tup
                 with contextlib.suppress(BrokenPipeError):
                     process.stdin.write(send)
                     process.stdin.close()
-            code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            code = process.wait(timeout=None if deadline == math.inf else max(1.0, deadline - time.monotonic()))
         except BaseException:
             process.terminate()
             raise
@@ -985,8 +985,10 @@ def ssh(ctx, instance, ssh_args):
     the one the portal publishes; anything after the instance goes to ssh, e.g.
     `devcloud ssh 1a2b3c4d -L 8000:localhost:8000` or `devcloud ssh 1a2b3c4d -- amd-smi`. After `--`,
     one argument is a shell command line; several are a program and its arguments, each kept whole
-    (`-- python3 -c 'print(6 * 7)'`). The command's exit code is devcloud's. Without a terminal it never
-    asks anything (BatchMode): keys come from the agent or files without a passphrase.
+    (`-- python3 -c 'print(6 * 7)'`). The command's exit code is devcloud's, and a connection that broke
+    off in the greeting, before the command could run, is tried again (up to SSH_ATTEMPTS times in all).
+    Without a terminal it never asks anything (BatchMode): keys come from the agent or files without a
+    passphrase.
     """
     client = api(ctx)
     target = client.resolve(instance)
@@ -996,6 +998,8 @@ def ssh(ctx, instance, ssh_args):
     argv = _ssh_argv(client, target, options, run_parts.command_line(command) if command else "")
     sys.stdout.flush()
     sys.stderr.flush()
+    if command:
+        ctx.exit(_ssh(argv, deadline=math.inf))
     os.execv(argv[0], argv)
 
 

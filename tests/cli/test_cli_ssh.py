@@ -228,3 +228,15 @@ def test_run_tries_again_a_connection_that_broke_off_in_the_greeting_and_runs_th
     assert "broke off before it began; trying again (2 of 3)" in result.stderr
     assert flaky_ssh.read_text().strip() == "2"
     assert Instance.objects.get(user=alice).state in (Instance.State.STOPPING, Instance.State.STOPPED)
+
+
+def test_ssh_with_a_command_tries_again_a_connection_that_broke_off_in_the_greeting(
+    devcloud, running, flaky_ssh
+):
+    # A CI job's `devcloud ssh <id> -- <command>` under load: the greeting broke off before anything ran.
+    result = devcloud("ssh", running.short_id, "--", "python3", "-c", "print(6 * 7)")
+
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.split() == ["42"]
+    assert "broke off before it began; trying again (2 of 3)" in result.stderr
+    assert flaky_ssh.read_text().strip() == "2"
