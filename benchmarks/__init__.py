@@ -152,6 +152,12 @@ def bench_people(count: int, *, hours: int = 100) -> list:
     return people
 
 
+# For units that launch on this machine's own Docker engine. It keeps its data on ext4, which cannot
+# enforce disk limits; "enforce" would fail every launch here (tests/deploy/test_production_stack.py does
+# the same).
+LOCAL_ENGINE = {"DEVCLOUD_DRIVER": "docker", "DEVCLOUD_DISK_LIMITS": "warn"}
+
+
 def kit_env(
     *, database_url: str, broker: str, default_queue: str, launch_queue: str, portal_id: str, **more
 ) -> dict:

@@ -70,6 +70,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import (
+    LOCAL_ENGINE,
     bench_people,
     ensure_cpu_image,
     kit_env,
@@ -623,10 +624,7 @@ def main() -> dict:
             default_queue=default_queue,
             launch_queue=launch_queue,
             portal_id=portal_id,
-            DEVCLOUD_DRIVER="docker",
-            # The local engine keeps its data on ext4, which cannot enforce disk limits; "enforce" would
-            # fail every launch here (tests/deploy/test_production_stack.py does the same).
-            DEVCLOUD_DISK_LIMITS="warn",
+            **LOCAL_ENGINE,
             READY_TIMEOUT_SECONDS="170",
         )
         singles, single_plains = [], []

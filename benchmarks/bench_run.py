@@ -57,6 +57,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import (
+    LOCAL_ENGINE,
     bench_people,
     ensure_cpu_image,
     kit_env,
@@ -414,10 +415,7 @@ def main() -> dict:
             default_queue=default_queue,
             launch_queue=launch_queue,
             portal_id=portal_id,
-            DEVCLOUD_DRIVER="docker",
-            # The local engine keeps its data on ext4, which cannot enforce disk limits; "enforce" would
-            # fail every launch here (tests/deploy/test_production_stack.py does the same).
-            DEVCLOUD_DISK_LIMITS="warn",
+            **LOCAL_ENGINE,
             SSH_GATEWAY_HOST="127.0.0.1",
             SSH_GATEWAY_PORT=str(gateway_port),
             # Where the gateway writes its host key and the web reads it, to publish it to the CLI.
