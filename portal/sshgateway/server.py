@@ -117,12 +117,25 @@ class Forward:
 
 
 class CountingForwarder(SSHForwarder):
-    """asyncssh's forwarder, counting the bytes it receives; `client_side` is the SSH channel's end."""
+    """asyncssh's forwarder, counting the bytes it receives; `client_side` is the SSH channel's end.
+
+    The instance's side reads nothing until the client's channel is open. Its sshd sends its greeting
+    as soon as it accepts, and asyncssh's forwarder drops bytes that arrive before it has a peer with a
+    transport to write them to: the client then read the sshd's key exchange as its greeting ("banner
+    line contains invalid characters").
+    """
 
     def __init__(self, peer=None, *, forward: Forward, client_side: bool):
         super().__init__(peer)
         self._forward = forward
         self._client_side = client_side
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        if not self._client_side:
+            transport.pause_reading()
+        elif self._peer is not None:
+            self._peer.resume_reading()
 
     def data_received(self, data, datatype=None):
         if self._client_side:
