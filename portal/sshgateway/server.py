@@ -137,6 +137,12 @@ class CountingForwarder(SSHForwarder):
         elif self._peer is not None:
             self._peer.resume_reading()
 
+    def close_unless_opened(self):
+        """Close both sides when the client's channel never opened: its connection closed while the gateway
+        connected to the instance, and asyncssh then drops the channel without a word to this forwarder."""
+        if self._client_side and self._transport is None:
+            self.close()
+
     def data_received(self, data, datatype=None):
         if self._client_side:
             self._forward.bytes_from_client += len(data)
@@ -244,7 +250,10 @@ class GatewayServer(asyncssh.SSHServer):
             "Forwarding %s (user %s, key %s) to instance %s at %s:%s",
             self.client_address, route.user_id, route.key_name, route.short_id, route.address, route.port,
         )
-        return CountingForwarder(instance_side, forward=forward, client_side=True)
+        client_side = CountingForwarder(instance_side, forward=forward, client_side=True)
+        # asyncssh opens the channel as soon as this returns, before the loop runs anything else.
+        loop.call_soon(client_side.close_unless_opened)
+        return client_side
 
     async def _refresh_keys(self, route) -> None:
         """Write the owner's current keys into the instance before connecting, so the sshd inside trusts
