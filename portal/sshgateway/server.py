@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import asyncssh
@@ -42,10 +43,25 @@ LOGIN_TIMEOUT_SECONDS = 30
 KEEPALIVE_SECONDS = 30
 
 
+# Threads for calls that reach a host's engine (the key refresh before a connection). A stuck dockerd holds
+# such a call for its client's whole timeout, far past KEY_PUSH_TIMEOUT_SECONDS, so they never run in the
+# pool the database calls use: there, a few stuck hosts held up every other person's login.
+ENGINE_THREADS = 16
+_engine_threads = ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="ssh-gateway-engine")
+
+
 def _db(function, /, **kwargs):
     """Run a database function in a worker thread of its own connection handling: a connection that broke
     meanwhile (a database restart) is dropped first, and the thread's connection is closed after."""
+    return _in_thread(None, function, kwargs)
 
+
+def _engine(function, /, **kwargs):
+    """_db for a function that also reaches a host's engine: in a thread of ENGINE_THREADS."""
+    return _in_thread(_engine_threads, function, kwargs)
+
+
+def _in_thread(executor, function, kwargs):
     def call():
         close_old_connections()
         try:
@@ -53,7 +69,7 @@ def _db(function, /, **kwargs):
         finally:
             close_old_connections()
 
-    return asyncio.get_running_loop().run_in_executor(None, call)
+    return asyncio.get_running_loop().run_in_executor(executor, call)
 
 
 def load_host_key(path: str) -> asyncssh.SSHKey:
@@ -266,7 +282,12 @@ class GatewayServer(asyncssh.SSHServer):
             return services.push_keys_to(instance, services.authorized_keys_text(route.user_id))
 
         try:
-            await asyncio.wait_for(_db(push), KEY_PUSH_TIMEOUT_SECONDS)
+            await asyncio.wait_for(_engine(push), KEY_PUSH_TIMEOUT_SECONDS)
+        except TimeoutError:
+            logger.warning(
+                "Could not refresh the keys of instance %s: its host's engine did not answer within %s s; "
+                "connecting with the keys it has", route.short_id, KEY_PUSH_TIMEOUT_SECONDS,
+            )
         except Exception:  # the connection matters more; beat's sync catches up
             logger.warning("Could not refresh the keys of instance %s", route.short_id, exc_info=True)
 
