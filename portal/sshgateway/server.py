@@ -28,7 +28,7 @@ from pathlib import Path
 import asyncssh
 from asyncssh.forward import SSHForwarder
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from . import access, host_key, selectors, services
 
@@ -41,6 +41,12 @@ CONNECT_TIMEOUT_SECONDS = 10
 KEY_PUSH_TIMEOUT_SECONDS = 5
 LOGIN_TIMEOUT_SECONDS = 30
 KEEPALIVE_SECONDS = 30
+# What a person reads while the gateway's database does not answer (a restart, an outage): the gateway
+# cannot tell whose key it is or which instances are theirs, so it lets no one through until it answers.
+DATABASE_DOWN = (
+    "The SSH gateway cannot check access right now: its database does not answer. Try again in a minute; "
+    "if it lasts, tell the operators."
+)
 
 
 # Threads for calls that reach a host's engine (the key refresh before a connection). A stuck dockerd holds
@@ -208,7 +214,12 @@ class GatewayServer(asyncssh.SSHServer):
         # when auth_completed runs is the key whose signature was just verified, never one merely
         # offered (someone offering Alice's public key without her private key is never taken for her).
         fingerprint = key.get_fingerprint("sha256")
-        known = await _db(access.key_is_known, fingerprint=fingerprint)
+        try:
+            known = await _db(access.key_is_known, fingerprint=fingerprint)
+        except DatabaseError as error:
+            logger.warning("Could not check key %s from %s: the database did not answer: %s", fingerprint,
+                           self.client_address, error)
+            raise asyncssh.DisconnectError(asyncssh.DISC_SERVICE_NOT_AVAILABLE, DATABASE_DOWN) from None
         if known:
             self._candidate = fingerprint
         else:
@@ -223,7 +234,11 @@ class GatewayServer(asyncssh.SSHServer):
         return self._help
 
     async def _help(self, stdin, stdout, stderr):
-        text = await _db(access.help_text, fingerprint=self.fingerprint)
+        try:
+            text = await _db(access.help_text, fingerprint=self.fingerprint)
+        except DatabaseError as error:
+            logger.warning("Could not answer %s: the database did not answer: %s", self.client_address, error)
+            text = f"{DATABASE_DOWN}\n"
         stdout.write(text)
         stdout.channel.exit(1)
 
@@ -231,6 +246,14 @@ class GatewayServer(asyncssh.SSHServer):
         return self._forward(dest_host, dest_port)
 
     async def _forward(self, dest_host: str, dest_port: int):
+        try:
+            return await self._forward_to(dest_host, dest_port)
+        except DatabaseError as error:
+            logger.warning("Could not forward %s to %s:%s: the database did not answer: %s", self.client_address,
+                           dest_host, dest_port, error)
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, DATABASE_DOWN) from None
+
+    async def _forward_to(self, dest_host: str, dest_port: int):
         try:
             route = await _db(access.route_for, fingerprint=self.fingerprint, target=dest_host, port=dest_port)
         except access.Refused as refused:

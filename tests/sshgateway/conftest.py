@@ -84,16 +84,18 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_gateway(tmp: Path, *, port: int | None = None, host_key: Path | None = None) -> GatewayProcess:
-    """Start `manage.py ssh_gateway` on a free loopback port against the test database; returns once it
-    listens."""
+def start_gateway(
+    tmp: Path, *, port: int | None = None, host_key: Path | None = None, database_url: str | None = None
+) -> GatewayProcess:
+    """Start `manage.py ssh_gateway` on a free loopback port against the test database (or `database_url`);
+    returns once it listens."""
     port = port or free_port()
     host_key = host_key or tmp / "gateway_host_key"
     log_path = tmp / f"gateway-{port}-{time.monotonic_ns()}.log"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings.test",
-        "DATABASE_URL": current_database_url(),
+        "DATABASE_URL": database_url or current_database_url(),
         "PYTHONUNBUFFERED": "1",
     }
     with open(log_path, "wb") as log:
