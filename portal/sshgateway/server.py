@@ -41,6 +41,9 @@ CONNECT_TIMEOUT_SECONDS = 10
 KEY_PUSH_TIMEOUT_SECONDS = 5
 LOGIN_TIMEOUT_SECONDS = 30
 KEEPALIVE_SECONDS = 30
+# How long a login waits on one database call before it is told the database does not answer; well
+# inside LOGIN_TIMEOUT_SECONDS, and shorter than the connection pool's wait (portal/settings/base.py).
+DATABASE_WAIT_SECONDS = 10
 # What a person reads while the gateway's database does not answer (a restart, an outage): the gateway
 # cannot tell whose key it is or which instances are theirs, so it lets no one through until it answers.
 DATABASE_DOWN = (
@@ -60,6 +63,17 @@ def _db(function, /, **kwargs):
     """Run a database function in a worker thread of its own connection handling: a connection that broke
     meanwhile (a database restart) is dropped first, and the thread's connection is closed after."""
     return _in_thread(None, function, kwargs)
+
+
+async def _asked(function, /, **kwargs):
+    """_db for a call a person's login waits on, within DATABASE_WAIT_SECONDS: a database that hangs (a
+    connection pool waiting for a connection, a network that drops packets) must not outlast the login's
+    own timeout, so the person reads why. Raises DatabaseError for a database that failed or did not
+    answer in time."""
+    try:
+        return await asyncio.wait_for(_db(function, **kwargs), DATABASE_WAIT_SECONDS)
+    except TimeoutError:
+        raise DatabaseError(f"no answer within {DATABASE_WAIT_SECONDS} s") from None
 
 
 def _engine(function, /, **kwargs):
@@ -215,7 +229,7 @@ class GatewayServer(asyncssh.SSHServer):
         # offered (someone offering Alice's public key without her private key is never taken for her).
         fingerprint = key.get_fingerprint("sha256")
         try:
-            known = await _db(access.key_is_known, fingerprint=fingerprint)
+            known = await _asked(access.key_is_known, fingerprint=fingerprint)
         except DatabaseError as error:
             logger.warning("Could not check key %s from %s: the database did not answer: %s", fingerprint,
                            self.client_address, error)
@@ -235,7 +249,7 @@ class GatewayServer(asyncssh.SSHServer):
 
     async def _help(self, stdin, stdout, stderr):
         try:
-            text = await _db(access.help_text, fingerprint=self.fingerprint)
+            text = await _asked(access.help_text, fingerprint=self.fingerprint)
         except DatabaseError as error:
             logger.warning("Could not answer %s: the database did not answer: %s", self.client_address, error)
             text = f"{DATABASE_DOWN}\n"
@@ -255,7 +269,7 @@ class GatewayServer(asyncssh.SSHServer):
 
     async def _forward_to(self, dest_host: str, dest_port: int):
         try:
-            route = await _db(access.route_for, fingerprint=self.fingerprint, target=dest_host, port=dest_port)
+            route = await _asked(access.route_for, fingerprint=self.fingerprint, target=dest_host, port=dest_port)
         except access.Refused as refused:
             logger.info(
                 "Refused %s (key %s) a connection to %s:%s: %s",
@@ -263,7 +277,7 @@ class GatewayServer(asyncssh.SSHServer):
             )
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, refused.message) from None
         await self._refresh_keys(route)
-        session = await _db(
+        session = await _asked(
             services.session_open, route=route, client_address=self.client_address, gateway=self.gateway.name
         )
         forward = Forward(self.gateway, session.pk)

@@ -6,11 +6,12 @@ import contextlib
 import socket
 import subprocess
 import threading
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from portal.sshgateway.server import DATABASE_DOWN
+from portal.sshgateway.server import DATABASE_DOWN, LOGIN_TIMEOUT_SECONDS
 from tests.support.worker import current_database_url
 
 from .conftest import add_key, start_gateway, stop_gateway
@@ -24,7 +25,8 @@ pytestmark = [
 
 class Relay:
     """A TCP relay from a loopback port to PostgreSQL that can be cut (every connection dropped, new ones
-    refused) and put back on the same port: the database going away and coming back, as the gateway sees it."""
+    refused) and put back on the same port: the database going away and coming back, as the gateway sees it.
+    Put back `silent`, it takes connections and never answers: a database that hangs."""
 
     def __init__(self, upstream: tuple[str, int]):
         self.upstream = upstream
@@ -33,7 +35,8 @@ class Relay:
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
 
-    def up(self) -> None:
+    def up(self, *, silent: bool = False) -> None:
+        self.silent = silent
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
@@ -43,6 +46,9 @@ class Relay:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def cut(self) -> None:
+        # shutdown() wakes the thread blocked in accept(); close() alone would leave the port bound.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             for connection in self._connections:
@@ -55,9 +61,13 @@ class Relay:
         with contextlib.suppress(OSError):
             while True:
                 client = listener.accept()[0]
+                with self._lock:
+                    self._connections.append(client)
+                if self.silent:
+                    continue
                 server = socket.create_connection(self.upstream)
                 with self._lock:
-                    self._connections += [client, server]
+                    self._connections.append(server)
                 for source, sink in ((client, server), (server, client)):
                     threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
@@ -105,9 +115,9 @@ def ask_the_gateway(gateway, key) -> subprocess.CompletedProcess:
     )
 
 
-def test_while_the_database_is_down_a_login_is_told_why_and_once_it_is_back_logins_work(
-    alice, keygen, tmp_path
-):
+@pytest.fixture
+def relayed(alice, keygen, tmp_path):
+    """(the relay, a gateway reaching the database through it, alice's key), the gateway answering."""
     key = keygen("alice-laptop")
     add_key(alice, key, "laptop")
     database = urlsplit(current_database_url())
@@ -116,16 +126,34 @@ def test_while_the_database_is_down_a_login_is_told_why_and_once_it_is_back_logi
     gateway = start_gateway(tmp_path, database_url=through(current_database_url(), relay.port))
     try:
         assert "SSH gateway" in ask_the_gateway(gateway, key).stdout
-
-        relay.cut()
-        down = ask_the_gateway(gateway, key)
-        relay.up()
-        back = ask_the_gateway(gateway, key)
+        yield relay, gateway, key
     finally:
         stop_gateway(gateway)
         relay.cut()
+
+
+def test_while_the_database_is_down_a_login_is_told_why_and_once_it_is_back_logins_work(relayed):
+    relay, gateway, key = relayed
+
+    relay.cut()
+    down = ask_the_gateway(gateway, key)
+    relay.up()
+    back = ask_the_gateway(gateway, key)
 
     assert down.returncode == 255
     assert DATABASE_DOWN in down.stderr, down.stderr
     assert "SSH gateway" in back.stdout, back.stderr + gateway.log()
     assert "the database did not answer" in gateway.log()
+
+
+def test_a_database_that_hangs_is_reported_before_the_login_times_out(relayed):
+    relay, gateway, key = relayed
+
+    relay.cut()
+    relay.up(silent=True)
+    started = time.monotonic()
+    down = ask_the_gateway(gateway, key)
+    waited = time.monotonic() - started
+
+    assert DATABASE_DOWN in down.stderr, down.stderr
+    assert waited < LOGIN_TIMEOUT_SECONDS
