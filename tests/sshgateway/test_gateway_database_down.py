@@ -128,8 +128,8 @@ def relayed(alice, keygen, tmp_path):
         assert "SSH gateway" in ask_the_gateway(gateway, key).stdout
         yield relay, gateway, key
     finally:
+        relay.cut()  # first: a gateway thread stuck on a silent database would hold up its exit
         stop_gateway(gateway)
-        relay.cut()
 
 
 def test_while_the_database_is_down_a_login_is_told_why_and_once_it_is_back_logins_work(relayed):
