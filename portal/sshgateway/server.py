@@ -54,7 +54,7 @@ DATABASE_DOWN = (
 
 # Threads for calls that reach a host's engine (the key refresh before a connection). A stuck dockerd holds
 # such a call for its client's whole timeout, far past KEY_PUSH_TIMEOUT_SECONDS, so they never run in the
-# pool the database calls use: there, a few stuck hosts held up every other person's login.
+# pool the database calls use: there, a few connections to a stuck host would hold up everyone's login.
 ENGINE_THREADS = 16
 _engine_threads = ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="ssh-gateway-engine")
 
