@@ -110,6 +110,9 @@ class Listener:
                 self.accepted.put(connection)
 
     def close(self):
+        # shutdown() wakes the thread blocked in accept(); close() alone would leave it there.
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)
         self.socket.close()
         for connection in self.held:
             connection.close()
